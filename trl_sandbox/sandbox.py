@@ -1,0 +1,169 @@
+"""Provider-facing types: what a sandbox provider must supply, and the errors it may raise.
+
+Everything here is plain data or a ``Protocol`` so that a provider plugin depends on this module
+only. All provider I/O is async; the pool drives it from its own event-loop thread.
+
+The error taxonomy matters more than anything else in this file: the pool retries ``InfraError``
+and ``RateLimitError``, never retries ``ConfigError``/``QuotaError``, and a reward is ``None``
+(dropped from the GRPO baseline) only when infrastructure failed. Whatever the model's code does,
+``Sandbox.exec`` returns an ``ExecResult``: a crash, a timeout or a memory blow-up is a *result*.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+# -- errors -------------------------------------------------------------------------------------
+
+
+class SandboxError(Exception):
+    """Base class of every error a provider or the pool raises."""
+
+
+class InfraError(SandboxError):
+    """Retryable infrastructure failure: transport error, 5xx, sandbox vanished or unresponsive.
+
+    The pool replaces the sandbox involved and retries the job elsewhere.
+    """
+
+
+class RateLimitError(InfraError):
+    """The provider asked us to slow down (HTTP 429, gRPC RESOURCE_EXHAUSTED)."""
+
+    def __init__(self, message: str, retry_after: float | None = None):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class QuotaError(SandboxError):
+    """A hard account limit (sandbox count, disk, vCPU). Retrying does not help; shrink the pool."""
+
+
+class ConfigError(SandboxError):
+    """Bad or missing configuration. Raised when the trainer is built, with a message saying what to set."""
+
+
+# -- specs and results --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ResourceLimits:
+    """Per-execution limits. Providers enforce what they can and say so in ``Capabilities``."""
+
+    cpu_seconds: float = 10.0
+    memory_mb: int = 1024
+    max_processes: int = 64
+    file_size_mb: int = 64
+    open_files: int = 256
+    output_bytes: int = 16 * 1024 * 1024  # per stream
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """What to create. Network is off and the lifetime is finite by default: a leaked sandbox dies."""
+
+    image: str | None = None
+    cpus: float = 1.0
+    memory_mb: int = 2048
+    network: bool = False
+    tags: Mapping[str, str] = field(default_factory=dict)
+    lifetime_s: float = 6 * 3600.0
+    env: Mapping[str, str] = field(default_factory=dict)
+    limits: ResourceLimits = field(default_factory=ResourceLimits)
+
+    def __post_init__(self) -> None:
+        if not self.lifetime_s or self.lifetime_s <= 0:
+            raise ConfigError("SandboxSpec.lifetime_s must be a positive number of seconds (it is always finite)")
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """The result of one execution. A timeout is ``timed_out=True``, never an exception."""
+
+    exit_code: int | None
+    stdout: str = ""
+    stderr: str = ""
+    timed_out: bool = False
+    oom_killed: bool = False
+    truncated: bool = False
+    duration_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out and not self.oom_killed
+
+
+@dataclass(frozen=True)
+class SandboxInfo:
+    """What ``Provider.list`` reports about a sandbox, possibly one created by another process."""
+
+    id: str
+    tags: Mapping[str, str]
+    state: str = "unknown"
+    created_at: float | None = None
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a provider guarantees; the pool and tasks adapt to it."""
+
+    network_isolation: bool = True
+    files: bool = True
+    persistent_state: bool = True
+    separate_stderr: bool = True
+    max_concurrency: int | None = None
+    # True when python argv is served by a pre-imported interpreter (no interpreter start-up per exec).
+    fast_python: bool = False
+
+
+# -- protocols ----------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    """One isolated machine-like environment. Relative paths and the default cwd are its work dir."""
+
+    id: str
+
+    async def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | str | None = None,
+        timeout: float,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> ExecResult: ...
+
+    async def write_file(self, path: str, data: bytes) -> None: ...
+
+    async def read_file(self, path: str) -> bytes: ...
+
+    async def reset(self) -> None:
+        """Return to a clean state for the next lease, or raise to have the pool replace the sandbox."""
+        ...
+
+    async def alive(self) -> bool: ...
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """A source of sandboxes. Constructed synchronously by ``factory(**settings)``.
+
+    The constructor must validate configuration (API keys, binaries) and raise ``ConfigError``:
+    the trainer builds the provider in ``__init__`` so that mistakes surface before training.
+    Network clients should be created lazily inside the async methods (they run on the pool's loop).
+    """
+
+    name: str
+    capabilities: Capabilities
+
+    async def create(self, spec: SandboxSpec) -> Sandbox: ...
+
+    async def list(self, tags: Mapping[str, str]) -> list[SandboxInfo]: ...
+
+    async def destroy(self, sandbox_id: str) -> None: ...
+
+    async def aclose(self) -> None: ...
