@@ -60,7 +60,14 @@ def weighted(weights: Sequence[float]) -> RewardScheme:
     return scheme
 
 
-SCHEMES: dict[str, RewardScheme] = {"original": original, "default": original, "binary": binary, "partial": partial}
+# "task": the task's own ``reward_scheme`` attribute when it has one, else ``original``.
+SCHEMES: dict[str, RewardScheme] = {
+    "original": original,
+    "default": original,
+    "task": original,
+    "binary": binary,
+    "partial": partial,
+}
 
 
 def get_scheme(spec: str | RewardScheme | None) -> RewardScheme:

@@ -1,0 +1,136 @@
+"""SandboxReward: the TRL reward function that runs completions in sandboxes.
+
+It is an ``async`` callable, so TRL runs it on its event loop concurrently with other async
+rewards; the work itself happens on the pool's loop. It returns ``None`` only for
+infrastructure failures (TRL then leaves that completion out of its group's baseline), and
+it bounds the whole call with a deadline: a stuck provider costs one batch of ``None``s,
+never a hung run with an idle GPU.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from .pool import SandboxPool, percentile
+from .sandbox import SandboxSpec
+from .schemes import RewardScheme
+from .scoring import Scorer
+from .tasks import STATUSES, Outcome
+
+# Keyword arguments TRL passes that are not dataset columns.
+_TRL_KWARGS = {"trainer_state", "log_extra", "log_metric", "environments", "completion_ids"}
+
+
+class SandboxReward:
+    """Reward = the task's verdict on the completion, run in a sandbox.
+
+    Use it inside ``SandboxGRPOTrainer`` (which owns the pool), or on its own with a plain
+    ``GRPOTrainer``: ``GRPOTrainer(..., reward_funcs=[SandboxReward(provider="local")])``; it then
+    starts its own pool on the first call and closes it at exit.
+    """
+
+    def __init__(
+        self,
+        pool: SandboxPool | None = None,
+        *,
+        scheme: str | RewardScheme | None = "original",
+        timeout: float | None = None,
+        deadline_s: float | None = None,
+        cache_size: int = 4096,
+        provider: str = "local",
+        provider_settings: Mapping[str, Any] | None = None,
+        pool_size: int = 4,
+        spec: SandboxSpec | None = None,
+    ) -> None:
+        self.__name__ = "sandbox"  # TRL names the metric rewards/<name>/mean after this
+        self._scheme = scheme
+        self._timeout = timeout
+        self._cache_size = cache_size
+        self.deadline_s = deadline_s
+        self._pool = pool
+        self._owns_pool = pool is None
+        self._pool_args = (provider, dict(provider_settings or {}), pool_size, spec)
+        self._scorer: Scorer | None = None
+        self._lock = threading.Lock()
+        self.seconds_total = 0.0  # wall time spent inside reward calls, read by the trainer
+        self.last_outcomes: list[Outcome] = []
+        if pool is None:
+            # Validate the provider now (missing binary or API key) rather than at the first batch.
+            from .plugins import make_provider
+
+            provider_obj = make_provider(provider, dict(provider_settings or {}))
+            self._pool = SandboxPool(provider_obj, spec=spec, size=pool_size)
+
+    @property
+    def pool(self) -> SandboxPool:
+        assert self._pool is not None
+        return self._pool
+
+    def bind(self, pool: SandboxPool) -> None:
+        """Use ``pool`` (the trainer's) instead of a private one."""
+        with self._lock:
+            if self._owns_pool and self._pool is not None and not self._pool.started:
+                self._pool = None
+            self._pool, self._owns_pool, self._scorer = pool, False, None
+
+    def _get_scorer(self) -> Scorer:
+        with self._lock:
+            if not self.pool.started:
+                self.pool.start(wait=False)
+            if self._scorer is None:
+                self._scorer = Scorer(self.pool, scheme=self._scheme, cache_size=self._cache_size, timeout=self._timeout)
+            return self._scorer
+
+    def close(self) -> None:
+        if self._owns_pool and self._pool is not None:
+            self._pool.close()
+
+    async def __call__(
+        self,
+        prompts: Sequence[Any],
+        completions: Sequence[Any],
+        log_metric: Callable[[str, float], None] | None = None,
+        log_extra: Callable[[str, list], None] | None = None,
+        **kwargs: Any,
+    ) -> list[float | None]:
+        t0 = time.perf_counter()
+        scorer = self._get_scorer()
+        await self.pool.aready()
+        columns = {k: v for k, v in kwargs.items() if k not in _TRL_KWARGS}
+        rows = [{"prompt": prompts[i], **{k: v[i] for k, v in columns.items()}} for i in range(len(prompts))]
+        outcomes, stats = await scorer.ascore(completions, rows, deadline_s=self.deadline_s)
+        elapsed = time.perf_counter() - t0
+        self.seconds_total += elapsed
+        self.last_outcomes = outcomes
+        if log_metric is not None:
+            self._log(log_metric, outcomes, stats, elapsed)
+        if log_extra is not None:
+            log_extra("sandbox_status", [o.status for o in outcomes])
+            log_extra("sandbox_detail", [o.detail[:200] for o in outcomes])
+        return [o.reward for o in outcomes]
+
+    def _log(self, log_metric, outcomes: list[Outcome], stats, elapsed: float) -> None:
+        n = max(1, len(outcomes))
+        log_metric("sandbox/reward_call_s", elapsed)
+        for status in STATUSES:
+            log_metric(f"sandbox/{status}", float(stats.outcomes.get(status, 0)))
+        log_metric("sandbox/pass_rate", stats.outcomes.get("passed", 0) / n)
+        log_metric("sandbox/programs_run", float(stats.executed))
+        log_metric("sandbox/dedup_rate", 1.0 - stats.programs / n if outcomes else 0.0)
+        pool = self.pool.drain_stats()
+        # Every key is logged on every call: TRL gathers metrics across processes, and ranks
+        # logging different key sets is a known source of distributed stalls.
+        log_metric("sandbox/exec_p50_s", _finite(percentile(pool.exec_s, 50)))
+        log_metric("sandbox/exec_p95_s", _finite(percentile(pool.exec_s, 95)))
+        leases = pool.counts["leases_warm"] + pool.counts["leases_cold"]
+        log_metric("sandbox/warm_lease_rate", pool.counts["leases_warm"] / leases if leases else 1.0)
+        log_metric("sandbox/lease_wait_p95_s", _finite(percentile(pool.lease_wait_s, 95)))
+        log_metric("sandbox/retries", float(pool.counts["retries"]))
+        log_metric("sandbox/replaced", float(pool.counts["replaced"]))
+
+
+def _finite(value: float) -> float:
+    return 0.0 if value != value else value  # NaN (no samples) -> 0

@@ -1,0 +1,210 @@
+"""Scorer: completions and dataset rows in, ``Outcome``s out.
+
+It is the one path from a completion to a reward, shared by ``SandboxReward`` (training) and
+``trl-sandbox evaluate``: resolve the row's task, build the program (or stop early on banned or
+missing code), run each distinct program once (a GRPO group repeats itself a lot), score every
+row on the host, apply the reward scheme. Infrastructure failures become ``status="infra"``,
+``reward=None``: never a code failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .pool import SandboxPool
+from .sandbox import ExecResult, SandboxError
+from .schemes import RewardScheme, get_scheme
+from .tasks import Outcome, Program, Task, resolve_task
+
+NONCE_BYTES = 16
+
+
+@dataclass
+class ScoreStats:
+    """What one ``ascore`` call did, for metrics."""
+
+    outcomes: Counter = field(default_factory=Counter)
+    programs: int = 0  # distinct programs needed
+    executed: int = 0  # actually run (not deduplicated or cached)
+    cache_hits: int = 0
+    seconds: float = 0.0
+
+
+class ResultCache:
+    """LRU of execution results keyed by ``Program.key`` (salted with the provider and limits).
+
+    Only conclusive results are cached: infrastructure failures and timeouts (which a loaded
+    machine can produce spuriously) are always run again.
+    """
+
+    def __init__(self, max_entries: int = 4096) -> None:
+        self.max_entries = max_entries
+        self._entries: OrderedDict[str, tuple[ExecResult, bytes | None]] = OrderedDict()
+
+    def get(self, key: str) -> tuple[ExecResult, bytes | None] | None:
+        hit = self._entries.get(key)
+        if hit is not None:
+            self._entries.move_to_end(key)
+        return hit
+
+    def put(self, key: str, result: ExecResult, nonce: bytes | None) -> None:
+        if self.max_entries <= 0 or result.timed_out:
+            return
+        self._entries[key] = (result, nonce)
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def completion_text(completion: Any) -> str:
+    """The text of a completion: a string, or the assistant turns of a conversational completion."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, Sequence):
+        parts = []
+        for message in completion:
+            if isinstance(message, Mapping) and message.get("role", "assistant") == "assistant":
+                content = message.get("content") or ""
+                if isinstance(content, list):  # content blocks
+                    content = "".join(b.get("text", "") for b in content if isinstance(b, Mapping))
+                parts.append(str(content))
+        return "\n".join(parts)
+    return str(completion)
+
+
+class Scorer:
+    def __init__(
+        self,
+        pool: SandboxPool,
+        scheme: str | RewardScheme | None = "original",
+        cache_size: int = 4096,
+        timeout: float | None = None,
+    ) -> None:
+        """``timeout`` overrides each program's own timeout (e.g. ``SandboxGRPOConfig.sandbox_timeout``)."""
+        self.pool = pool
+        self.scheme = get_scheme(scheme)
+        self._use_task_scheme = scheme == "task"
+        self.cache = ResultCache(cache_size)
+        self.timeout = timeout
+        spec = pool.spec
+        self._salt = f"{pool.provider.name}|{spec.image}|{spec.limits}|{timeout}"
+
+    def score(
+        self,
+        completions: Sequence[Any],
+        rows: Sequence[Mapping[str, Any]],
+        on_result: Callable[[int, Outcome], None] | None = None,
+        deadline_s: float | None = None,
+    ) -> list[Outcome]:
+        """Synchronous ``ascore`` (from any thread but the pool's)."""
+        outcomes, _ = self.pool.loop.run(self.ascore(completions, rows, on_result, deadline_s))
+        return outcomes
+
+    async def ascore(
+        self,
+        completions: Sequence[Any],
+        rows: Sequence[Mapping[str, Any]],
+        on_result: Callable[[int, Outcome], None] | None = None,
+        deadline_s: float | None = None,
+    ) -> tuple[list[Outcome], ScoreStats]:
+        """Score every completion against its row. Never raises for a single bad completion.
+
+        ``deadline_s`` bounds the whole call: programs still unfinished then are ``infra``.
+        """
+        if not self.pool.loop.in_loop():
+            return await self.pool.loop.wrap(self.ascore(completions, rows, on_result, deadline_s))
+        if len(completions) != len(rows):
+            raise ValueError(f"{len(completions)} completions but {len(rows)} rows")
+        t0 = time.perf_counter()
+        stats = ScoreStats()
+        outcomes: list[Outcome | None] = [None] * len(rows)
+        tasks: list[Task | None] = [None] * len(rows)
+        by_key: dict[str, tuple[Program, list[int]]] = {}
+
+        def finish(i: int, outcome: Outcome) -> None:
+            if outcome.reward is None and outcome.status != "infra":
+                outcome = outcome.with_reward(self._reward(tasks[i], outcome))
+            outcomes[i] = outcome
+            stats.outcomes[outcome.status] += 1
+            if on_result is not None:
+                on_result(i, outcome)
+
+        for i, (completion, row) in enumerate(zip(completions, rows)):
+            try:
+                task = tasks[i] = resolve_task(row)
+                built = task.build(completion_text(completion), row)
+            except SandboxError:
+                raise  # configuration errors (unknown task set, missing columns) are the caller's to see
+            except Exception as exc:  # a task bug must not crash training: the row is unscorable
+                finish(i, Outcome("infra", detail=f"task failed to build the program: {exc!r}"))
+                continue
+            if isinstance(built, Outcome):
+                finish(i, built)
+                continue
+            if self.timeout is not None:
+                built = _with_timeout(built, self.timeout)
+            key = built.key(self._salt)
+            by_key.setdefault(key, (built, []))[1].append(i)
+
+        stats.programs = len(by_key)
+
+        async def run_one(key: str, program: Program, indices: list[int]) -> None:
+            hit = self.cache.get(key)
+            if hit is not None:
+                stats.cache_hits += 1
+                result, nonce = hit
+            else:
+                nonce = os.urandom(NONCE_BYTES) if program.nonce_on_stdin else None
+                stdin = program.stdin
+                if nonce is not None:
+                    stdin = nonce + stdin
+                try:
+                    result = await self.pool.aexec(
+                        program.argv, stdin=stdin, timeout=program.timeout, files=program.files
+                    )
+                except SandboxError as exc:
+                    for i in indices:
+                        finish(i, Outcome("infra", detail=f"{type(exc).__name__}: {exc}"))
+                    return
+                stats.executed += 1
+                self.cache.put(key, result, nonce)
+            for i in indices:
+                try:
+                    finish(i, tasks[i].score(result, rows[i], nonce=nonce))
+                except Exception as exc:
+                    finish(i, Outcome("infra", detail=f"task failed to score the result: {exc!r}"))
+
+        jobs = [asyncio.ensure_future(run_one(k, p, idx)) for k, (p, idx) in by_key.items()]
+        if jobs:
+            done, pending = await asyncio.wait(jobs, timeout=deadline_s)
+            for job in pending:
+                job.cancel()
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
+            for job in done:
+                if job.exception() is not None:
+                    raise job.exception()
+        for i, outcome in enumerate(outcomes):
+            if outcome is None:
+                finish(i, Outcome("infra", detail=f"reward call exceeded its deadline of {deadline_s} s"))
+        stats.seconds = time.perf_counter() - t0
+        return outcomes, stats  # type: ignore[return-value]
+
+    def _reward(self, task: Task | None, outcome: Outcome) -> float | None:
+        task_scheme = getattr(task, "reward_scheme", None) if self._use_task_scheme else None
+        return (task_scheme or self.scheme)(outcome)
+
+
+def _with_timeout(program: Program, timeout: float) -> Program:
+    from dataclasses import replace
+
+    return replace(program, timeout=timeout)
