@@ -55,6 +55,7 @@ class PoolSettings:
     create_concurrency: int = 16
     backoff_initial_s: float = 0.5
     backoff_max_s: float = 30.0
+    max_retry_after_s: float = 120.0  # a server's Retry-After is honoured up to this
 
 
 @dataclass
@@ -108,6 +109,7 @@ class SandboxPool:
         self._loop: LoopThread | None = None
         self._idle: asyncio.Queue[Sandbox] | None = None
         self._members: dict[str, Sandbox] = {}
+        self._born: dict[str, float] = {}
         self._pending_creates = 0
         self._tasks: set[asyncio.Task] = set()
         self._ready: asyncio.Event | None = None
@@ -158,10 +160,10 @@ class SandboxPool:
         jobs simply wait for the first sandbox. ``tags`` are added to the spec's tags.
         """
         with self._state_lock:
-            if self._started:
-                return
             if self._closed:
                 raise RuntimeError("a closed sandbox pool cannot be restarted; create a new one")
+            if self._started:
+                return
             if tags:
                 self.spec = replace(self.spec, tags={**self.spec.tags, **tags})
             self._loop = LoopThread()
@@ -282,6 +284,7 @@ class SandboxPool:
             await self._destroy(sandbox)
             return
         self._members[sandbox.id] = sandbox
+        self._born[sandbox.id] = time.perf_counter()
         self._fatal_error = None
         self._count("created")
         self._ready.set()
@@ -300,7 +303,7 @@ class SandboxPool:
         def wait(state: tenacity.RetryCallState) -> float:
             exc = state.outcome.exception() if state.outcome else None
             if isinstance(exc, RateLimitError) and exc.retry_after:
-                return min(float(exc.retry_after), s.backoff_max_s * 4)
+                return min(float(exc.retry_after), s.max_retry_after_s)
             return min(s.backoff_max_s, s.backoff_initial_s * 2 ** (state.attempt_number - 1))
 
         def before_sleep(state: tenacity.RetryCallState) -> None:
@@ -327,13 +330,15 @@ class SandboxPool:
             raise InfraError("the sandbox pool is closed")
         assert self._idle is not None
         t0 = time.perf_counter()
-        warm = not self._idle.empty()
         self._refill()
         try:
             sandbox = await asyncio.wait_for(self._idle.get(), self.settings.lease_timeout_s)
         except asyncio.TimeoutError as exc:
             detail = f"; last create error: {self._last_create_error}" if self._last_create_error else ""
             raise InfraError(f"no sandbox became free within {self.settings.lease_timeout_s:.0f} s{detail}") from exc
+        # Warm: served by a sandbox that already existed when the lease began (possibly after
+        # waiting for its reset); cold: the job had to wait for a sandbox to be created.
+        warm = self._born.get(sandbox.id, 0.0) < t0
         with self._stats_lock:
             self.stats.lease_wait_s.append(time.perf_counter() - t0)
             self.stats.counts["leases_warm" if warm else "leases_cold"] += 1
@@ -365,6 +370,7 @@ class SandboxPool:
 
     async def _replace(self, sandbox: Sandbox) -> None:
         self._members.pop(sandbox.id, None)
+        self._born.pop(sandbox.id, None)
         self._count("replaced")
         await self._destroy(sandbox)
         self._refill()

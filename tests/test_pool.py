@@ -1,0 +1,139 @@
+"""SandboxPool against the ``flaky`` provider of the test plugin (fault injection)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from trl_sandbox import ConfigError, InfraError, QuotaError, SandboxSpec
+from trl_sandbox.pool import PoolSettings, SandboxPool
+
+FAST = PoolSettings(backoff_initial_s=0.01, backoff_max_s=0.05, exec_slack_s=0.5, health_interval_s=0.2,
+                    lease_timeout_s=5.0, create_timeout_s=2.0, destroy_timeout_s=2.0)
+TAGS = SandboxSpec(tags={"trl-sandbox-run": "t1"})
+
+
+def test_warms_to_size_runs_and_destroys_everything(flaky_provider):
+    provider = flaky_provider()
+    with SandboxPool.open(provider, size=3, spec=TAGS, pool_settings=FAST) as pool:
+        deadline = time.time() + 5
+        while pool.members < 3 and time.time() < deadline:
+            time.sleep(0.01)
+        assert pool.members == 3
+        result = pool.run(["python3", "-c", "print(6*7)"], timeout=5)
+        assert result.exit_code == 0 and result.stdout.strip() == "42"
+        assert len(provider.live) == 3
+    assert provider.live == {}
+    assert provider.closed
+
+
+def test_reset_between_leases(flaky_provider):
+    provider = flaky_provider()
+    with SandboxPool.open(provider, size=1, pool_settings=FAST) as pool:
+        for _ in range(3):
+            pool.run(["python3", "-c", "pass"], timeout=5)
+        sandbox = next(iter(provider.live.values()))
+        deadline = time.time() + 2
+        while sandbox.resets < 3 and time.time() < deadline:
+            time.sleep(0.01)
+        assert sandbox.resets == 3
+        stats = pool.drain_stats()
+        assert stats.counts["execs"] == 3
+        assert stats.counts["leases_warm"] >= 2
+
+
+def test_infra_error_is_retried_on_a_replacement_sandbox(flaky_provider):
+    provider = flaky_provider(exec_infra_failures=2)
+    with SandboxPool.open(provider, size=1, pool_settings=FAST) as pool:
+        result = pool.run(["python3", "-c", "print('ok')"], timeout=5)
+        assert result.stdout.strip() == "ok"
+        stats = pool.drain_stats()
+        assert stats.counts["retries"] == 2
+        assert stats.counts["replaced"] == 2
+    assert provider.created == 3
+
+
+def test_infra_error_after_all_attempts_raises_infra(flaky_provider):
+    provider = flaky_provider(exec_infra_failures=10)
+    settings = PoolSettings(**{**FAST.__dict__, "max_attempts": 2})
+    with SandboxPool.open(provider, size=1, pool_settings=settings) as pool:
+        with pytest.raises(InfraError):
+            pool.run(["python3", "-c", "pass"], timeout=5)
+
+
+def test_rate_limit_honours_retry_after(flaky_provider):
+    provider = flaky_provider(exec_rate_limits=1, retry_after_s=0.4)
+    with SandboxPool.open(provider, size=1, pool_settings=FAST) as pool:
+        t0 = time.monotonic()
+        result = pool.run(["python3", "-c", "print(1)"], timeout=5)
+        assert result.exit_code == 0
+        assert time.monotonic() - t0 >= 0.4
+        assert pool.drain_stats().counts["rate_limited"] == 1
+
+
+def test_hung_exec_hits_its_deadline_and_the_sandbox_is_replaced(flaky_provider):
+    provider = flaky_provider(exec_hangs=1)
+    with SandboxPool.open(provider, size=1, pool_settings=FAST) as pool:
+        t0 = time.monotonic()
+        result = pool.run(["python3", "-c", "print('second try')"], timeout=0.5)
+        elapsed = time.monotonic() - t0
+        assert result.stdout.strip() == "second try"
+        assert elapsed < 0.5 + FAST.exec_slack_s + 2.0
+        assert pool.drain_stats().counts["replaced"] == 1
+
+
+def test_failed_creates_are_retried(flaky_provider):
+    provider = flaky_provider(create_failures=2)
+    with SandboxPool.open(provider, size=1, pool_settings=FAST) as pool:
+        assert pool.run(["python3", "-c", "pass"], timeout=5).exit_code == 0
+    assert provider.live == {}
+
+
+def test_quota_error_fails_fast_and_clearly(flaky_provider):
+    provider = flaky_provider(create_quota=True)
+    pool = SandboxPool(provider, size=2, settings=FAST)
+    try:
+        with pytest.raises(QuotaError, match="limit"):
+            pool.start(wait=True)
+    finally:
+        pool.close()
+
+
+def test_dead_idle_sandboxes_are_replaced_by_the_health_check(flaky_provider):
+    provider = flaky_provider(dead_after_execs=1)
+    with SandboxPool.open(provider, size=1, pool_settings=FAST) as pool:
+        pool.run(["python3", "-c", "pass"], timeout=5)  # the sandbox is now "dead": reset fails -> replaced
+        deadline = time.time() + 3
+        while provider.created < 2 and time.time() < deadline:
+            time.sleep(0.02)
+        assert provider.created >= 2
+        assert pool.run(["python3", "-c", "print(3)"], timeout=5).stdout.strip() == "3"
+
+
+def test_create_that_times_out_after_the_sandbox_exists_is_swept_by_tags(flaky_provider):
+    provider = flaky_provider(create_delay_s=3.0)  # longer than create_timeout_s
+    settings = PoolSettings(**{**FAST.__dict__, "create_timeout_s": 0.2, "max_attempts": 1})
+    pool = SandboxPool(provider, spec=TAGS, size=1, settings=settings)
+    pool.start(wait=False)
+    time.sleep(0.5)
+    assert provider.live, "the provider made the sandbox even though create timed out"
+    pool.close()
+    assert provider.live == {}
+
+
+def test_unknown_provider_lists_installed_ones():
+    from trl_sandbox.plugins import make_provider
+
+    with pytest.raises(ConfigError) as info:
+        make_provider("nope")
+    assert "flaky" in str(info.value) and "nope" in str(info.value)
+
+
+def test_closed_pool_cannot_restart(flaky_provider):
+    pool = SandboxPool(flaky_provider(), size=1, settings=FAST)
+    pool.start(wait=True)
+    pool.close()
+    pool.close()  # idempotent
+    with pytest.raises(RuntimeError):
+        pool.start()
