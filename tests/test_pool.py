@@ -130,10 +130,17 @@ def test_unknown_provider_lists_installed_ones():
     assert "flaky" in str(info.value) and "nope" in str(info.value)
 
 
-def test_closed_pool_cannot_restart(flaky_provider):
-    pool = SandboxPool(flaky_provider(), size=1, settings=FAST)
+def test_closed_pool_restarts_afresh(flaky_provider):
+    provider = flaky_provider()
+    pool = SandboxPool(provider, size=1, settings=FAST)
     pool.start(wait=True)
     pool.close()
     pool.close()  # idempotent
-    with pytest.raises(RuntimeError):
-        pool.start()
+    assert provider.live == {}
+    pool.start(wait=True)  # e.g. trainer.evaluate() after train()
+    try:
+        assert pool.run(["python3", "-c", "print(5)"], timeout=5).stdout.strip() == "5"
+        assert len(provider.live) == 1
+    finally:
+        pool.close()
+    assert provider.live == {}

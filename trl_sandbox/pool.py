@@ -160,10 +160,13 @@ class SandboxPool:
         jobs simply wait for the first sandbox. ``tags`` are added to the spec's tags.
         """
         with self._state_lock:
-            if self._closed:
-                raise RuntimeError("a closed sandbox pool cannot be restarted; create a new one")
-            if self._started:
+            if self._started and not self._closed:
                 return
+            # A closed pool starts afresh (e.g. ``trainer.evaluate()`` after ``train()`` closed it).
+            self._closed = False
+            self._members, self._born, self._tasks = {}, {}, set()
+            self._pending_creates = 0
+            self._fatal_error = self._last_create_error = None
             if tags:
                 self.spec = replace(self.spec, tags={**self.spec.tags, **tags})
             self._loop = LoopThread()

@@ -1,0 +1,103 @@
+"""Scorer and SandboxReward with the test plugin's ``echo`` task on the ``flaky`` provider."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from trl_sandbox.pool import PoolSettings, SandboxPool
+from trl_sandbox.rewards import SandboxReward
+from trl_sandbox.scoring import Scorer, completion_text
+
+FAST = PoolSettings(backoff_initial_s=0.01, backoff_max_s=0.05, exec_slack_s=0.5, max_attempts=2)
+
+
+def rows(*pairs):
+    return [{"prompt": "p", "sandbox_task": "echo", "task_id": t, "expected": e} for t, e in pairs]
+
+
+def test_identical_programs_run_once_and_all_rows_are_scored(flaky_provider):
+    provider = flaky_provider()
+    with SandboxPool.open(provider, size=2, pool_settings=FAST) as pool:
+        scorer = Scorer(pool, cache_size=0)
+        completions = ["2+2"] * 5 + ["2+3"] * 3
+        outcomes, stats = pool.loop.run(scorer.ascore(completions, rows(*[("four", "4")] * 8)))
+    assert [o.status for o in outcomes] == ["passed"] * 5 + ["failed"] * 3
+    assert [o.reward for o in outcomes] == [1.0] * 5 + [0.0] * 3
+    assert stats.programs == 2 and stats.executed == 2
+    assert sum(1 for c in provider.faults.calls if c[0] == "exec") == 2
+
+
+def test_cache_serves_repeats_across_calls(flaky_provider):
+    provider = flaky_provider()
+    with SandboxPool.open(provider, size=1, pool_settings=FAST) as pool:
+        scorer = Scorer(pool)
+        first = scorer.score(["2+2"], rows(("four", "4")))
+        _, stats = pool.loop.run(scorer.ascore(["2+2"], rows(("four", "4"))))
+    assert first[0].status == "passed"
+    assert stats.cache_hits == 1 and stats.executed == 0
+
+
+def test_infrastructure_failure_is_none_never_a_code_failure(flaky_provider):
+    provider = flaky_provider(exec_infra_failures=100)
+    with SandboxPool.open(provider, size=1, pool_settings=FAST) as pool:
+        outcomes = Scorer(pool).score(["2+2", ""], rows(("four", "4"), ("four", "4")))
+    assert outcomes[0].status == "infra" and outcomes[0].reward is None
+    assert "InfraError" in outcomes[0].detail
+    # a missing completion is the model's fault, not the infrastructure's: scored without running
+    assert outcomes[1].status == "no_code" and outcomes[1].reward == -1.0
+
+
+def test_reward_call_deadline_turns_stragglers_into_infra(flaky_provider):
+    provider = flaky_provider(exec_hangs=1)
+    settings = PoolSettings(exec_slack_s=30.0, max_attempts=1)
+    with SandboxPool.open(provider, size=2, pool_settings=settings) as pool:
+        outcomes = Scorer(pool).score(["2+2", "1+3"], rows(("four", "4"), ("four", "4")), deadline_s=1.5)
+    statuses = sorted(o.status for o in outcomes)
+    assert statuses == ["infra", "passed"]
+    assert [o.reward for o in outcomes if o.status == "infra"] == [None]
+
+
+def test_schemes_apply(flaky_provider):
+    with SandboxPool.open(flaky_provider(), size=1, pool_settings=FAST) as pool:
+        binary = Scorer(pool, scheme="binary").score(["2+3", "syntax error("], rows(("four", "4"), ("four", "4")))
+        original = Scorer(pool, scheme="original").score(["syntax error("], rows(("four", "4")))
+    assert [o.reward for o in binary] == [0.0, 0.0]
+    assert original[0].status == "error" and original[0].reward == -1.0
+
+
+def test_conversational_completions_are_read_from_assistant_turns():
+    messages = [{"role": "assistant", "content": "2+2"}]
+    assert completion_text(messages) == "2+2"
+    assert completion_text([{"role": "assistant", "content": [{"type": "text", "text": "x"}]}]) == "x"
+
+
+def test_sandbox_reward_speaks_trls_reward_protocol(flaky_provider):
+    pool = SandboxPool(flaky_provider(), size=2, settings=FAST)
+    reward = SandboxReward(pool)
+    logged: dict[str, float] = {}
+    extra: dict[str, list] = {}
+    try:
+        result = asyncio.run(
+            reward(
+                prompts=["p", "p", "p"],
+                completions=["2+2", "2+2", "'nope'"],
+                completion_ids=[[1], [1], [2]],
+                trainer_state=None,
+                log_metric=lambda k, v: logged.__setitem__(k, v),
+                log_extra=lambda k, v: extra.__setitem__(k, v),
+                sandbox_task=["echo"] * 3,
+                task_id=["four"] * 3,
+                expected=["4"] * 3,
+            )
+        )
+    finally:
+        pool.close()
+    assert result == [1.0, 1.0, 0.0]
+    assert logged["sandbox/passed"] == 2 and logged["sandbox/failed"] == 1
+    assert logged["sandbox/pass_rate"] == pytest.approx(2 / 3)
+    assert logged["sandbox/programs_run"] == 2
+    assert 0 < logged["sandbox/exec_p50_s"] <= logged["sandbox/exec_p95_s"]
+    assert extra["sandbox_status"] == ["passed", "passed", "failed"]
+    assert reward.seconds_total > 0
