@@ -144,3 +144,11 @@ def test_closed_pool_restarts_afresh(flaky_provider):
     finally:
         pool.close()
     assert provider.live == {}
+
+
+def test_a_provider_that_raises_something_unexpected_is_an_infra_failure(flaky_provider):
+    """E.g. a NUL byte from the model makes Popen raise ValueError: never a crash, never the model's fault."""
+    with SandboxPool.open(flaky_provider(), size=1, pool_settings=FAST) as pool:
+        with pytest.raises(InfraError, match="ValueError"):
+            pool.run(["python3", "-c", "print('a\0b')"], timeout=5)
+        assert pool.run(["python3", "-c", "print(1)"], timeout=5).stdout.strip() == "1"

@@ -416,6 +416,10 @@ class SandboxPool:
                     if isinstance(exc, InfraError):
                         raise
                     raise _Broken(str(exc)) from exc
+                except Exception as exc:
+                    # A provider bug (or input it chokes on) is an infrastructure failure: it must
+                    # never crash training nor be scored as the model's fault.
+                    raise _Broken(f"provider {self.provider.name!r} failed: {exc!r}") from exc
                 with self._stats_lock:
                     self.stats.exec_s.append(time.perf_counter() - t0)
                     self.stats.counts["execs"] += 1

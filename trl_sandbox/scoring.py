@@ -171,7 +171,7 @@ class Scorer:
                     result = await self.pool.aexec(
                         program.argv, stdin=stdin, timeout=program.timeout, files=program.files
                     )
-                except SandboxError as exc:
+                except Exception as exc:
                     for i in indices:
                         finish(i, Outcome("infra", detail=f"{type(exc).__name__}: {exc}"))
                     return

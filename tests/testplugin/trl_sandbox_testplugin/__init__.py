@@ -39,6 +39,7 @@ class Faults:
     retry_after_s: float = 0.2
     exec_hangs: int = 0  # the first N execs never answer
     dead_after_execs: int | None = None  # a sandbox reports dead after this many execs
+    journal: str | None = None  # append "create ID" / "destroy ID" lines here (survives the process)
     calls: list = field(default_factory=list)
 
 
@@ -98,14 +99,21 @@ class FlakySandbox:
         return self.id in self.provider.live and (limit is None or self.execs < limit)
 
 
+def _coerce(key: str, value):
+    """Settings arrive as strings from the command line; give them the field's type."""
+    default = Faults.__dataclass_fields__[key].default
+    if isinstance(value, str) and isinstance(default, (bool, int, float)) and not isinstance(default, str):
+        return type(default)(value) if not isinstance(default, bool) else value.lower() in ("1", "true")
+    return value
+
+
 class FlakyProvider:
     name = "flaky"
     capabilities = Capabilities(network_isolation=False, fast_python=False)
     instances: list["FlakyProvider"] = []
 
     def __init__(self, **faults) -> None:
-        self.faults = Faults(**{k: (type(getattr(Faults, k, 0))(v) if isinstance(v, str) else v)
-                                for k, v in faults.items()})
+        self.faults = Faults(**{k: _coerce(k, v) for k, v in faults.items()})
         self.live: dict[str, FlakySandbox] = {}
         self.created = 0
         self.closed = False
@@ -126,14 +134,21 @@ class FlakyProvider:
             raise InfraError("injected: create failed")
         self.live[sandbox.id] = sandbox
         self.created += 1
+        self._journal("create", sandbox.id)
         return sandbox
+
+    def _journal(self, event: str, sandbox_id: str) -> None:
+        if self.faults.journal:
+            with open(self.faults.journal, "a") as fh:
+                fh.write(f"{event} {sandbox_id}\n")
 
     async def list(self, tags):
         return [SandboxInfo(s.id, s.tags, "running") for s in self.live.values()
                 if all(s.tags.get(k) == v for k, v in tags.items())]
 
     async def destroy(self, sandbox_id: str) -> None:
-        self.live.pop(sandbox_id, None)
+        if self.live.pop(sandbox_id, None) is not None:
+            self._journal("destroy", sandbox_id)
 
     async def aclose(self) -> None:
         self.closed = True

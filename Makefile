@@ -1,0 +1,27 @@
+# The two commands of the README, plus helpers. Each installs what it needs first (scripts/setup.sh).
+.PHONY: setup demo test lint bench
+
+VENV := .venv
+BIN := $(VENV)/bin
+export HF_HUB_DISABLE_TELEMETRY := 1
+export TOKENIZERS_PARALLELISM := false
+
+setup:
+	@bash scripts/setup.sh
+
+## Train the CPU demo on the local sandbox (no GPU, no download); writes training_results/.
+demo: setup
+	$(BIN)/trl-sandbox train --preset cpu-demo
+
+## The whole test suite (offline) and the linter.
+test: setup
+	$(BIN)/ruff check trl_sandbox plugins tests benchmarks
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+lint: setup
+	$(BIN)/ruff check trl_sandbox plugins tests benchmarks
+
+bench: setup
+	$(BIN)/python benchmarks/bench_local.py
+	$(BIN)/python benchmarks/bench_hacks.py
+	$(BIN)/python benchmarks/bench_cpu_demo.py

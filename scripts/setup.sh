@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Installs everything trl-sandbox needs into ./.venv, on a fresh Debian/Ubuntu machine.
+# Idempotent: a second run only checks. Used by `make demo` and `make test`.
+#
+#   TORCH_SPEC   torch requirement to install when torch is missing (default: torch==2.13.0;
+#                set e.g. TORCH_SPEC=torch to take the newest CUDA build on a GPU machine)
+#   PYTHON       interpreter to build the venv with (default: python3)
+#   EXTRAS       extras of trl-sandbox to install (default: test)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+EXTRAS=${EXTRAS:-test}
+VENV=.venv
+
+# 1. bubblewrap, the local sandbox.
+if ! command -v bwrap >/dev/null 2>&1; then
+  echo "setup: installing bubblewrap (the local sandbox)" >&2
+  SUDO=""
+  if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
+  if command -v apt-get >/dev/null 2>&1; then
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq bubblewrap >/dev/null
+  elif command -v dnf >/dev/null 2>&1; then
+    $SUDO dnf install -y bubblewrap
+  else
+    echo "setup: install bubblewrap with your package manager (it provides 'bwrap')" >&2
+    exit 1
+  fi
+fi
+
+# 2. The virtual environment.
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PYTHON" -m venv "$VENV"
+fi
+PIP="$VENV/bin/python -m pip --disable-pip-version-check"
+
+# 3. torch first, pinned, so that a newer release with several GB of CUDA packages is not pulled
+#    in as a dependency on a CPU machine.
+if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
+  $PIP install -q "$TORCH_SPEC"
+fi
+
+# 4. The project and its plugins, editable.
+STAMP="$VENV/.trl-sandbox-installed"
+if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ] || [ -n "$(find plugins -name pyproject.toml -newer "$STAMP" 2>/dev/null)" ]; then
+  PLUGINS=()
+  for p in plugins/*/; do
+    [ -f "$p/pyproject.toml" ] && PLUGINS+=(-e "$p")
+  done
+  $PIP install -q -e ".[${EXTRAS}]" "${PLUGINS[@]}"
+  touch "$STAMP"
+fi

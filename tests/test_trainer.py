@@ -1,0 +1,170 @@
+"""SandboxGRPOTrainer: wiring, metrics, teardown and construction-time errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from datasets import Dataset
+
+from tests import tiny
+from trl_sandbox import ConfigError, SandboxGRPOConfig, SandboxGRPOTrainer, SandboxReward
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def echo_dataset(n: int = 4) -> Dataset:
+    return Dataset.from_list(
+        [{"prompt": "print", "sandbox_task": "echo", "task_id": "four", "expected": "4"} for _ in range(n)]
+    )
+
+
+def test_two_steps_with_metrics_and_teardown(tmp_path):
+    journal = tmp_path / "journal"
+    args = SandboxGRPOConfig(
+        **tiny.grpo_kwargs(tmp_path), sandbox_provider="flaky",
+        sandbox_provider_settings={"journal": str(journal)}, sandbox_pool_size=2, sandbox_tags="team=rl,exp=7",
+    )
+    trainer = SandboxGRPOTrainer(
+        model=tiny.model(), args=args, train_dataset=echo_dataset(), processing_class=tiny.tokenizer()
+    )
+    assert isinstance(trainer.reward_funcs[0], SandboxReward)
+    trainer.train()
+    assert trainer.state.global_step == 2
+
+    logs = [r for r in trainer.state.log_history if "sandbox/pass_rate" in r]
+    assert len(logs) == 2
+    for key in ("sandbox/reward_call_s", "sandbox/exec_p95_s", "sandbox/warm_lease_rate", "sandbox/error",
+                "sandbox/infra", "sandbox/retries", "sandbox/reward_time_share", "rewards/sandbox/mean"):
+        assert key in logs[-1], key
+    assert 0 < logs[-1]["sandbox/reward_time_share"] <= 1
+
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "sandbox/pass_rate" in r] == [1, 2]
+
+    events = [line.split() for line in journal.read_text().splitlines()]
+    created = {i for e, i in events if e == "create"}
+    destroyed = {i for e, i in events if e == "destroy"}
+    assert len(created) >= 2 and created == destroyed
+    assert trainer.sandbox_pool.members == 0
+
+
+def test_every_sandbox_carries_the_run_tags(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_RUN_ID", "wb123")
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    args = SandboxGRPOConfig(**tiny.grpo_kwargs(tmp_path), sandbox_provider="flaky", sandbox_pool_size=2,
+                             sandbox_tags={"exp": "seven"})
+    trainer = SandboxGRPOTrainer(model=tiny.model(), args=args, train_dataset=echo_dataset(),
+                                 processing_class=tiny.tokenizer())
+    trainer.start_sandboxes()
+    try:
+        trainer.sandbox_pool.wait_ready()
+        provider = trainer.sandbox_pool.provider
+        tags = [s.tags for s in provider.live.values()]
+        assert tags
+        for t in tags:
+            assert t["wandb-run"] == "wb123" and t["slurm-job"] == "4242"
+            assert t["exp"] == "seven" and t["team"] == "tests"  # user tags and a plugin's tags
+            assert t["rank"] == "0" and t["model"] == "Qwen2ForCausalLM"
+            assert t["trl-sandbox-run"] == trainer.sandbox_run.run_id
+            assert t["trl-sandbox-pid"] == str(os.getpid())
+    finally:
+        trainer.close_sandboxes()
+
+
+TEARDOWN_SCRIPT = textwrap.dedent(
+    """
+    import os, signal, sys
+    sys.path.insert(0, {root!r})
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from tests import tiny
+    from trl_sandbox import SandboxGRPOConfig, SandboxGRPOTrainer
+
+    mode, journal, out = sys.argv[1], sys.argv[2], sys.argv[3]
+
+    class Trouble(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            if state.global_step == 1:
+                if mode == "exception":
+                    raise RuntimeError("boom inside train()")
+                if mode == "sigterm":
+                    os.kill(os.getpid(), signal.SIGTERM)
+                if mode == "interrupt":
+                    raise KeyboardInterrupt
+
+    ds = Dataset.from_list([{{"prompt": "p", "sandbox_task": "echo", "task_id": "four", "expected": "4"}}] * 4)
+    args = SandboxGRPOConfig(**tiny.grpo_kwargs(out, max_steps=5), sandbox_provider="flaky",
+                             sandbox_provider_settings={{"journal": journal}}, sandbox_pool_size=2)
+    trainer = SandboxGRPOTrainer(model=tiny.model(), args=args, train_dataset=ds,
+                                 processing_class=tiny.tokenizer(), callbacks=[Trouble()])
+    trainer.train()
+    """
+)
+
+
+@pytest.mark.parametrize("mode,returncode", [("normal", 0), ("exception", 1), ("interrupt", -2), ("sigterm", 143)])
+def test_pool_is_torn_down_however_training_ends(tmp_path, mode, returncode):
+    """TRL does not fire on_train_end on errors: the trainer's try/finally and SIGTERM handler must."""
+    script = tmp_path / "run.py"
+    script.write_text(TEARDOWN_SCRIPT.format(root=str(ROOT)))
+    journal = tmp_path / "journal"
+    proc = subprocess.run([sys.executable, str(script), mode, str(journal), str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == returncode, proc.stderr[-3000:]
+    events = [line.split() for line in journal.read_text().splitlines()]
+    created = {i for e, i in events if e == "create"}
+    destroyed = {i for e, i in events if e == "destroy"}
+    assert created, proc.stderr[-2000:]
+    assert created == destroyed, f"leaked: {created - destroyed}"
+
+
+def test_unknown_provider_fails_at_construction(tmp_path):
+    args = SandboxGRPOConfig(**tiny.grpo_kwargs(tmp_path), sandbox_provider="nonexistent")
+    with pytest.raises(ConfigError, match="installed providers:.*flaky"):
+        SandboxGRPOTrainer(model=tiny.model(), args=args, train_dataset=echo_dataset(),
+                           processing_class=tiny.tokenizer())
+
+
+def test_dataset_without_prompt_is_rejected(tmp_path):
+    args = SandboxGRPOConfig(**tiny.grpo_kwargs(tmp_path), sandbox_provider="flaky")
+    bad = Dataset.from_list([{"question": "x", "sandbox_task": "echo", "expected": "4"}])
+    with pytest.raises(ConfigError, match="'prompt'"):
+        SandboxGRPOTrainer(model=tiny.model(), args=args, train_dataset=bad, processing_class=tiny.tokenizer())
+
+
+def test_dataset_missing_task_columns_names_them(tmp_path):
+    args = SandboxGRPOConfig(**tiny.grpo_kwargs(tmp_path), sandbox_provider="flaky")
+    bad = Dataset.from_list([{"prompt": "x", "sandbox_task": "echo", "task_id": "four"}])
+    with pytest.raises(ConfigError, match="expected"):
+        SandboxGRPOTrainer(model=tiny.model(), args=args, train_dataset=bad, processing_class=tiny.tokenizer())
+
+
+def test_unknown_task_set_is_rejected(tmp_path):
+    args = SandboxGRPOConfig(**tiny.grpo_kwargs(tmp_path), sandbox_provider="flaky")
+    bad = Dataset.from_list([{"prompt": "x", "sandbox_task": "no-such-tasks"}])
+    with pytest.raises(ConfigError, match="unknown task set 'no-such-tasks'"):
+        SandboxGRPOTrainer(model=tiny.model(), args=args, train_dataset=bad, processing_class=tiny.tokenizer())
+
+
+def test_config_fields_parse_from_the_command_line():
+    from trl import TrlParser
+
+    parser = TrlParser(SandboxGRPOConfig)
+    (config,) = parser.parse_args_and_config(
+        ["--output_dir", "o", "--use_cpu", "true", "--bf16", "false", "--sandbox_provider", "flaky",
+         "--sandbox_pool_size", "7", "--sandbox_provider_settings", '{"journal": "j"}',
+         "--sandbox_tags", "a=1,b=2", "--sandbox_reward_scheme", "binary"]
+    )
+    assert config.sandbox_pool_size == 7
+    assert config.sandbox_provider_settings == {"journal": "j"}
+    assert config.sandbox_tags == {"a": "1", "b": "2"}
+    assert config.sandbox_reward_scheme == "binary"
+    assert config.sandbox_spec().lifetime_s > 0
+    helps = {a.dest: a.help for a in parser._actions}
+    assert all(helps[f].strip() for f in helps if f.startswith("sandbox_"))
