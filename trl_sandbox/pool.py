@@ -327,8 +327,23 @@ class SandboxPool:
     @contextlib.asynccontextmanager
     async def lease(self) -> AsyncIterator[Sandbox]:
         """Exclusive use of one sandbox. Raise ``InfraError`` inside to have it replaced."""
+        sandbox = await self.checkout()
+        broken = False
+        try:
+            yield sandbox
+        except (InfraError, _Broken, asyncio.CancelledError):
+            broken = True
+            raise
+        finally:
+            self.checkin(sandbox, broken=broken)
+
+    async def checkout(self) -> Sandbox:
+        """Take a sandbox out of the pool until ``checkin`` (for episodes spanning many calls).
+
+        Must run on the pool's loop (``aexec`` and ``SandboxEnvironment`` take care of that).
+        """
         if self._loop is not None and not self._loop.in_loop():
-            raise RuntimeError("SandboxPool.lease() must be used on the pool's loop; use aexec() or run()")
+            return await self._loop.wrap(self.checkout())
         if self._closed:
             raise InfraError("the sandbox pool is closed")
         assert self._idle is not None
@@ -345,17 +360,19 @@ class SandboxPool:
         with self._stats_lock:
             self.stats.lease_wait_s.append(time.perf_counter() - t0)
             self.stats.counts["leases_warm" if warm else "leases_cold"] += 1
-        broken = False
-        try:
-            yield sandbox
-        except (InfraError, _Broken, asyncio.CancelledError):
-            broken = True
-            raise
-        finally:
-            if broken or self._closed:
-                self._spawn(self._replace(sandbox))
-            else:
-                self._spawn(self._recycle(sandbox))
+        return sandbox
+
+    def checkin(self, sandbox: Sandbox, broken: bool = False) -> None:
+        """Give a sandbox back: it is reset and reused, or replaced when ``broken``. Thread-safe."""
+        if self._loop is not None and not self._loop.in_loop():
+            self._loop.loop.call_soon_threadsafe(self.checkin, sandbox, broken)
+            return
+        if sandbox.id not in self._members:
+            return  # already replaced, or the pool was closed (and destroyed it) meanwhile
+        if broken or self._closed:
+            self._spawn(self._replace(sandbox))
+        else:
+            self._spawn(self._recycle(sandbox))
 
     async def _recycle(self, sandbox: Sandbox) -> None:
         try:

@@ -10,6 +10,7 @@ loss are TRL's own and untouched.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -24,10 +25,12 @@ from typing import Any
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
+from .environment import SandboxEnvironment
 from .plugins import make_provider
 from .pool import PoolSettings, SandboxPool
 from .rewards import SandboxReward
 from .sandbox import ConfigError, ResourceLimits, SandboxSpec
+from .scoring import Scorer
 from .tags import RunInfo, collect_tags, new_run_id
 from .tasks import TASK_COLUMN, resolve_task
 
@@ -263,12 +266,15 @@ class SandboxGRPOTrainer(GRPOTrainer):
         ) or type(model).__name__
 
         if reward_funcs is None:
-            reward_funcs = [self._new_reward(args)]
+            # With SandboxEnvironment the reward is the episode's get_reward(), not the transcript.
+            reward_funcs = [] if _is_sandbox_environment(kwargs.get("environment_factory")) else [self._new_reward(args)]
         elif not isinstance(reward_funcs, list):
             reward_funcs = [reward_funcs]
         self.sandbox_rewards = [f for f in reward_funcs if isinstance(f, SandboxReward)]
         for reward in self.sandbox_rewards:
             reward.bind(self.sandbox_pool)
+
+        kwargs["environment_factory"] = self._bind_environment(kwargs.get("environment_factory"), args)
 
         callbacks = [*(callbacks or []), SandboxLifecycleCallback(self)]
         try:
@@ -286,6 +292,20 @@ class SandboxGRPOTrainer(GRPOTrainer):
             raise
         self.sandbox_run.rank = self.accelerator.process_index
         self.sandbox_run.world_size = self.accelerator.num_processes
+
+    def _bind_environment(self, factory: Any, args: SandboxGRPOConfig) -> Any:
+        """Give ``SandboxEnvironment`` episodes the trainer's pool, sized for a whole batch of rollouts."""
+        if not _is_sandbox_environment(factory):
+            return factory
+        # Every rollout of a generation batch holds its sandbox until the next reset.
+        rollouts = args.per_device_train_batch_size * args.steps_per_generation
+        if self.sandbox_pool.size < rollouts:
+            log.warning("sandbox_pool_size raised from %d to %d: each rollout holds a sandbox for its episode",
+                        self.sandbox_pool.size, rollouts)
+            self.sandbox_pool.size = rollouts
+        scorer = Scorer(self.sandbox_pool, scheme=args.sandbox_reward_scheme, cache_size=0,
+                        timeout=args.sandbox_timeout)
+        return functools.partial(factory, pool=self.sandbox_pool, scorer=scorer)
 
     def _new_reward(self, args: SandboxGRPOConfig) -> SandboxReward:
         return SandboxReward(
@@ -340,6 +360,10 @@ def _raise_on_sigterm() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _is_sandbox_environment(factory: Any) -> bool:
+    return isinstance(factory, type) and issubclass(factory, SandboxEnvironment)
 
 
 def _init_fields(cls: type) -> set[str]:

@@ -1,0 +1,166 @@
+"""SandboxEnvironment: stateful multi-turn episodes for TRL's ``environment_factory``.
+
+TRL builds environment instances, calls ``reset(**row)`` at the start of every rollout, exposes
+the public methods as tools, and calls ``get_reward()`` at the end; it never closes them. So an
+instance never owns a sandbox: it checks one out of the trainer's pool for the episode and gives
+it back at the next ``reset`` (or when the pool closes, which reclaims everything). Every tool
+call has a deadline; what the model's commands do inside the sandbox is returned as text.
+
+Usage: ``SandboxGRPOTrainer(..., environment_factory=SandboxEnvironment)``; the trainer binds
+its pool and sizes it so that every rollout of a batch can hold a sandbox at once.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Mapping
+from typing import Any
+
+from .pool import SandboxPool
+from .sandbox import ExecResult, InfraError, Sandbox
+from .scoring import Scorer
+
+
+def _render(result: ExecResult, limit: int) -> str:
+    text = result.stdout
+    if result.stderr:
+        text += ("\n" if text else "") + result.stderr
+    if len(text) > limit:
+        text = text[: limit // 2] + f"\n... [{len(text) - limit} characters cut] ...\n" + text[-limit // 2 :]
+    status = "timed out" if result.timed_out else f"exit code {result.exit_code}"
+    return f"[{status}]\n{text}" if text else f"[{status}]"
+
+
+class SandboxEnvironment:
+    """An episode in one sandbox: tools ``bash``, ``read_file``, ``write_file``, ``run_tests``.
+
+    The reward is the task's verdict on the file ``row["solution_path"]`` (default ``solution.py``)
+    as the episode left it, judged like a single-turn completion of the same row.
+    """
+
+    def __init__(
+        self,
+        pool: SandboxPool | None = None,
+        scorer: Scorer | None = None,
+        tool_timeout: float = 10.0,
+        max_output_chars: int = 4000,
+    ) -> None:
+        self._pool = pool
+        self._scorer = scorer
+        self.tool_timeout = tool_timeout
+        self.max_output_chars = max_output_chars
+        self._sandbox: Sandbox | None = None
+        self._row: dict[str, Any] = {}
+
+    # -- episode -----------------------------------------------------------------------------
+
+    def reset(self, **row: Any) -> str | None:
+        """Start an episode for ``row``: a clean sandbox, with ``row["files"]`` (path -> text) written in."""
+        self._release()
+        self._row = dict(row)
+        files = row.get("files") or {}
+        if isinstance(files, str):
+            files = json.loads(files)
+        if self._pool is None:
+            return None  # the probe instance TRL builds at construction time
+        if not self._pool.started:
+            self._pool.start(wait=False)
+        self._sandbox = self._pool.loop.run(self._pool.checkout())
+        for path, text in dict(files).items():
+            self._call(self._sandbox.write_file(path, str(text).encode()))
+        return row.get("observation")
+
+    def _release(self, broken: bool = False) -> None:
+        if self._sandbox is not None and self._pool is not None:
+            self._pool.checkin(self._sandbox, broken=broken)
+        self._sandbox = None
+
+    def _call(self, coro):
+        """Run a provider call on the pool's loop with a deadline; a dead sandbox is replaced."""
+        assert self._pool is not None
+        try:
+            return self._pool.loop.run(
+                _with_deadline(coro, self.tool_timeout + self._pool.settings.exec_slack_s)
+            )
+        except InfraError:
+            self._release(broken=True)
+            raise
+
+    def _need_sandbox(self) -> Sandbox:
+        if self._sandbox is None:
+            raise RuntimeError("no episode is running: the sandbox was lost or reset() was not called")
+        return self._sandbox
+
+    # -- tools -------------------------------------------------------------------------------
+
+    def bash(self, command: str) -> str:
+        """Run a shell command in the sandbox's work directory and return its exit code and output.
+
+        Args:
+            command: The shell command to run, e.g. "python3 solution.py" or "ls -la".
+        """
+        sandbox = self._need_sandbox()
+        result = self._call(sandbox.exec(["sh", "-c", command], timeout=self.tool_timeout))
+        return _render(result, self.max_output_chars)
+
+    def read_file(self, path: str) -> str:
+        """Read a text file from the sandbox.
+
+        Args:
+            path: Path of the file, relative to the work directory.
+        """
+        data = self._call(self._need_sandbox().read_file(path))
+        text = data.decode(errors="replace")
+        return text if len(text) <= self.max_output_chars else text[: self.max_output_chars] + "\n... [cut]"
+
+    def write_file(self, path: str, content: str) -> str:
+        """Write a text file in the sandbox, replacing it if it exists.
+
+        Args:
+            path: Path of the file, relative to the work directory.
+            content: The full new content of the file.
+        """
+        self._call(self._need_sandbox().write_file(path, content.encode()))
+        return f"wrote {len(content)} characters to {shlex.quote(path)}"
+
+    def run_tests(self) -> str:
+        """Run the task's tests against the solution file and report how many pass."""
+        outcome = self._judge()
+        return f"{outcome.status}: {outcome.passed}/{outcome.total} tests passed" + (
+            f" ({outcome.detail})" if outcome.detail else ""
+        )
+
+    # -- reward ------------------------------------------------------------------------------
+
+    def get_reward(self) -> float | None:
+        """The reward scheme's value for the final solution file (``None`` on infrastructure failure)."""
+        try:
+            return self._judge().reward
+        except InfraError:
+            return None
+
+    def _judge(self):
+        if self._scorer is None:
+            raise RuntimeError("SandboxEnvironment needs the trainer's scorer: pass it via SandboxGRPOTrainer")
+        path = self._row.get("solution_path", "solution.py")
+        try:
+            code = self._call(self._need_sandbox().read_file(path)).decode(errors="replace")
+        except InfraError:
+            raise
+        except RuntimeError:
+            raise InfraError("the episode's sandbox was lost") from None
+        except Exception:  # no solution file: the model wrote nothing, scored as missing code
+            code = ""
+        row: Mapping[str, Any] = self._row
+        (outcome,) = self._scorer.score([code], [row])
+        return outcome
+
+
+async def _with_deadline(coro, seconds: float):
+    import asyncio
+
+    try:
+        return await asyncio.wait_for(coro, seconds)
+    except asyncio.TimeoutError as exc:
+        raise InfraError(f"the sandbox did not answer within {seconds:.0f} s") from exc
