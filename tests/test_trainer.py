@@ -168,3 +168,38 @@ def test_config_fields_parse_from_the_command_line():
     assert config.sandbox_spec().lifetime_s > 0
     helps = {a.dest: a.help for a in parser._actions}
     assert all(helps[f].strip() for f in helps if f.startswith("sandbox_"))
+
+
+def test_start_reaps_sandboxes_of_dead_runs_on_this_host(tmp_path):
+    import asyncio
+    import socket
+
+    from trl_sandbox import SandboxSpec
+    from trl_sandbox.plugins import make_provider
+    from trl_sandbox.tags import HOST_TAG, MANAGED_TAG, PID_TAG, clean
+
+    server = make_provider("flaky", {"shared": True})
+    server.live.clear()
+    dead_pid = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True).stdout.strip()
+    mine = {MANAGED_TAG: "1", HOST_TAG: clean(socket.gethostname())}
+    stale = asyncio.run(server.create(SandboxSpec(tags={**mine, PID_TAG: dead_pid})))
+    other_host = asyncio.run(server.create(SandboxSpec(tags={MANAGED_TAG: "1", HOST_TAG: "elsewhere", PID_TAG: "1"})))
+
+    args = SandboxGRPOConfig(**tiny.grpo_kwargs(tmp_path), sandbox_provider="flaky",
+                             sandbox_provider_settings={"shared": "true"}, sandbox_pool_size=1)
+    trainer = SandboxGRPOTrainer(model=tiny.model(), args=args, train_dataset=echo_dataset(),
+                                 processing_class=tiny.tokenizer())
+    trainer.start_sandboxes()
+    try:
+        trainer.sandbox_pool.wait_ready()
+        import time
+
+        deadline = time.time() + 5
+        while stale.id in server.live and time.time() < deadline:
+            time.sleep(0.02)
+        assert stale.id not in server.live
+        assert other_host.id in server.live  # another host's run may still be alive
+    finally:
+        trainer.close_sandboxes()
+        server.live.clear()

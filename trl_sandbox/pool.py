@@ -262,6 +262,31 @@ class SandboxPool:
             self._pending_creates += 1
             self._spawn(self._create_one())
         self._spawn(self._health_loop())
+        self._spawn(self._reap_stale())
+
+    async def _reap_stale(self) -> None:
+        """Destroy sandboxes that a dead process on this host left behind (e.g. a SIGKILLed run)."""
+        from .tags import HOST_TAG, MANAGED_TAG, owner_is_dead
+
+        host = self.spec.tags.get(HOST_TAG)
+        if not host:
+            return
+        try:
+            found = await asyncio.wait_for(
+                self.provider.list({MANAGED_TAG: "1", HOST_TAG: host}), self.settings.destroy_timeout_s
+            )
+            stale = [info for info in found if owner_is_dead(info.tags, host)]
+            await asyncio.gather(
+                *(asyncio.wait_for(self.provider.destroy(i.id), self.settings.destroy_timeout_s) for i in stale),
+                return_exceptions=True,
+            )
+            self._count("reaped", len(stale))
+            if stale:
+                log.warning("removed %d sandbox(es) left by dead runs on this host", len(stale))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            log.info("could not look for stale sandboxes: %r", exc)
 
     async def _create_one(self) -> None:
         """Create one sandbox (with retries) and put it in the idle queue."""

@@ -77,7 +77,7 @@ def trl_sandbox_run_tags(run: RunInfo) -> dict[str, str]:
 def owner_is_dead(tags: Mapping[str, str], host: str | None = None) -> bool:
     """True when ``tags`` name a process on this host that no longer exists (its sandboxes are stale)."""
     host = clean(host or socket.gethostname())
-    if tags.get(HOST_TAG) != host:
+    if clean(tags.get(HOST_TAG, "")) != host:
         return False
     try:
         pid = int(tags.get(PID_TAG, ""))

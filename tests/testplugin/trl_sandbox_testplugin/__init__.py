@@ -40,11 +40,12 @@ class Faults:
     exec_hangs: int = 0  # the first N execs never answer
     dead_after_execs: int | None = None  # a sandbox reports dead after this many execs
     journal: str | None = None  # append "create ID" / "destroy ID" lines here (survives the process)
+    shared: bool = False  # keep sandboxes in one process-wide "server" shared by all instances
     calls: list = field(default_factory=list)
 
 
 class FlakySandbox:
-    def __init__(self, provider: "FlakyProvider", sandbox_id: str, tags: dict) -> None:
+    def __init__(self, provider: FlakyProvider, sandbox_id: str, tags: dict) -> None:
         self.provider = provider
         self.id = sandbox_id
         self.tags = tags
@@ -102,19 +103,22 @@ class FlakySandbox:
 def _coerce(key: str, value):
     """Settings arrive as strings from the command line; give them the field's type."""
     default = Faults.__dataclass_fields__[key].default
-    if isinstance(value, str) and isinstance(default, (bool, int, float)) and not isinstance(default, str):
-        return type(default)(value) if not isinstance(default, bool) else value.lower() in ("1", "true")
+    if isinstance(value, str) and isinstance(default, bool):
+        return value.lower() in ("1", "true", "yes")
+    if isinstance(value, str) and isinstance(default, (int, float)):
+        return type(default)(value)
     return value
 
 
 class FlakyProvider:
     name = "flaky"
     capabilities = Capabilities(network_isolation=False, fast_python=False)
-    instances: list["FlakyProvider"] = []
+    instances: list[FlakyProvider] = []
+    server: dict[str, FlakySandbox] = {}
 
     def __init__(self, **faults) -> None:
         self.faults = Faults(**{k: _coerce(k, v) for k, v in faults.items()})
-        self.live: dict[str, FlakySandbox] = {}
+        self.live: dict[str, FlakySandbox] = FlakyProvider.server if self.faults.shared else {}
         self.created = 0
         self.closed = False
         FlakyProvider.instances.append(self)
