@@ -203,3 +203,55 @@ def test_start_reaps_sandboxes_of_dead_runs_on_this_host(tmp_path):
     finally:
         trainer.close_sandboxes()
         server.live.clear()
+
+
+def _descendants(pid: int) -> list[tuple[int, str]]:
+    """(pid, command name) of every live descendant of ``pid``, from /proc."""
+    parents: dict[int, int] = {}
+    names: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if fields[0] == "Z":
+            continue
+        parents[int(entry)], names[int(entry)] = int(fields[1]), name
+    found, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        for child, ppid in parents.items():
+            if ppid == parent:
+                found.append((child, names[child]))
+                frontier.append(child)
+    return found
+
+
+def test_two_steps_on_builtin_tasks_with_the_local_sandbox(tmp_path):
+    from trl_sandbox import load_tasks
+
+    args = SandboxGRPOConfig(**tiny.grpo_kwargs(tmp_path, max_completion_length=24), sandbox_pool_size=2)
+    trainer = SandboxGRPOTrainer(model=tiny.model(), args=args, train_dataset=load_tasks("builtin"),
+                                 processing_class=tiny.tokenizer())
+    assert trainer.sandbox_pool.provider.name == "local"
+    trainer.train()
+    assert trainer.state.global_step == 2
+    logs = [r for r in trainer.state.log_history if "sandbox/pass_rate" in r]
+    assert len(logs) == 2
+    # A random model writes garbage: every completion must still get a verdict, none an infra failure.
+    assert all(r["sandbox/infra"] == 0 for r in logs)
+    assert all(r["rewards/sandbox/mean"] is not None for r in logs)
+    assert sum(r[f"sandbox/{s}"] for r in logs for s in ("passed", "failed", "error", "timeout", "banned", "no_code")) > 0
+    assert not [p for p in _descendants(os.getpid()) if p[1] in ("bwrap", "python3")], "sandbox processes left"
+
+
+def test_missing_bwrap_fails_at_construction_saying_how_to_install(tmp_path):
+    args = SandboxGRPOConfig(**tiny.grpo_kwargs(tmp_path), sandbox_provider_settings={"bwrap": "/nonexistent/bwrap"})
+    with pytest.raises(ConfigError, match="bubblewrap"):
+        SandboxGRPOTrainer(model=tiny.model(), args=args, train_dataset=echo_dataset(),
+                           processing_class=tiny.tokenizer())
