@@ -115,3 +115,11 @@ def test_ls_and_reap_by_tag_and_dead_owner(capsys):
     assert main(["reap", "--provider", "flaky", "--setting", "shared=true", "--dead-owners"]) == 0
     assert set(provider.live) == {made[2].id, made[4].id}  # only the dead process's sandbox went
     provider.live.clear()
+
+
+def test_train_with_a_model_that_cannot_be_loaded_is_a_one_line_error(tmp_path):
+    proc = run("train", "--model", "no-such-org/no-such-model", "--output_dir", str(tmp_path), timeout=180)
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("trl-sandbox train: error:")]
+    assert len(errors) == 1
+    assert "cannot load model 'no-such-org/no-such-model'" in errors[0] and "--preset cpu-demo" in errors[0]
