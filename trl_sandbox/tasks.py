@@ -90,16 +90,25 @@ class Task(Protocol):
         ...
 
 
-def load_tasks(name: str = "builtin", **options: Any):
+def load_tasks(name: str = "builtin", validate: bool = False, **options: Any):
     """A ``datasets.Dataset`` of the task set ``name``, ready for ``SandboxGRPOTrainer``.
 
     ``options`` go to the task set's ``rows()`` (e.g. ``task_ids=[...]``, ``repeat=8``).
+    ``validate=True`` first runs the task set's ``validate()`` self-check (its references or
+    known-good solutions against its own tests, in the local sandbox) and raises ``ConfigError``
+    listing the problems, so a broken task set is caught before training starts.
     """
     from datasets import Dataset
 
     from .plugins import get_task_set
 
     task = get_task_set(name)
+    if validate:
+        check = getattr(task, "validate", None)
+        problems = check() if check is not None else []
+        if problems:
+            listed = "\n  ".join(str(p) for p in problems[:20])
+            raise ConfigError(f"task set {name!r} failed its self-check:\n  {listed}")
     rows = [dict(row, **{TASK_COLUMN: name}) for row in task.rows(**options)]
     if not rows:
         raise ConfigError(f"task set {name!r} produced no rows for options {options!r}")
