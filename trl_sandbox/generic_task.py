@@ -266,7 +266,9 @@ class CheckTask:
 def _check_task(prompt: Any, test: str, entry_point: str, setup: str | None, extract: str, timeout: float,
                 banned: tuple[str, ...]) -> CheckTask:
     if setup is None:
-        setup = prompt if extract == "continue" and isinstance(prompt, str) else ""
+        # the prompt is the trusted start of the program: its helpers and imports serve the tests too
+        usable = extract == "continue" and isinstance(prompt, str) and _is_code(prompt)
+        setup = prompt if usable else ""
     tests = [f"{test}\n\ncheck({entry_point})\n"]
     spec = check_spec(tests, setup=setup, bind=[entry_point])
     return CheckTask(prompt, extract, timeout, 1, BanPolicy.from_patterns(banned), encode_judge_part(spec))
