@@ -1,0 +1,12 @@
+"""Registers the built-in ``local`` provider through the same hook as third-party providers."""
+
+from __future__ import annotations
+
+from ..hookspecs import hookimpl
+
+
+@hookimpl
+def trl_sandbox_register_providers(register):
+    from .provider import LocalProvider
+
+    register("local", LocalProvider)
