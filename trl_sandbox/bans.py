@@ -21,8 +21,9 @@ a few harmless ones (``__init__``, ``__name__``, comparison and container method
 limited to a list of plain modules (``DEFAULT_ALLOWED_IMPORTS``). Code that does not parse cannot be
 checked on the AST, so it is rejected before it runs (its program would fail to compile anyway).
 
-The sandboxed judge also removes the banned builtins from the candidate's namespace at run time
-(``runtime_removals``), so a spelling the AST rules missed still fails.
+The sandboxed judge also removes the banned builtins and the escape hatches from the candidate's
+namespace at run time (``runtime_removals``) and deletes the banned builtins from the candidate
+process's ``builtins`` module (``runtime_deletions``), so a spelling the AST rules missed still fails.
 """
 
 from __future__ import annotations
@@ -246,6 +247,13 @@ class BanPolicy:
         if self.no_imports:
             removed.add("__import__")
         return sorted(removed)
+
+    def runtime_deletions(self) -> list[str]:
+        """Banned builtins the judge deletes from the candidate process's real ``builtins`` module,
+        so that even a walk to the real module (which the AST rules stop earlier) finds nothing.
+        Only the task's own banned names: escape hatches such as ``getattr`` stay, as library code needs them."""
+        builtin_names = set(dir(builtins))
+        return sorted(n for n in self.names if n in builtin_names)
 
     def runtime_allowed_imports(self) -> list[str] | None:
         """Top-level modules the candidate may import at run time; ``None`` = no restriction."""

@@ -7,7 +7,8 @@ length-prefixed pickles (the host -> judge direction is trusted):
 
 * the candidate part, visible to the candidate process: ``source``, ``filename``, ``limit`` (the
   time budget in seconds for loading the candidate and running every test), ``max_bytes`` (largest
-  reply accepted), ``remove_builtins`` and ``allowed_imports`` (the run-time ban layer);
+  reply accepted), ``remove_builtins``, ``delete_builtins`` and ``allowed_imports`` (the run-time
+  ban layer);
 * the judge part, read by the judge only after the candidate process is forked: the tests
   (``call_spec`` or ``check_spec``).
 
@@ -21,7 +22,8 @@ The verdict is one stdout line ``MARKER NONCE_HEX JSON``; JSON is plain data::
                                        |"protocol"|"not_run", "type": "...", "message": "..."}],
      "task_error": "..."}                                        # only when the task's own code broke
 
-Only a line carrying this execution's nonce counts; the program's exit status is never looked at.
+Only a line carrying this execution's nonce counts, and only when it is the only one (a second
+one can only be a forgery); the program's exit status is never looked at.
 Call-mode values are decoded on the host with the same class-refusing unpickler and compared with
 the expected values computed from the task's reference here, on the host.
 """
@@ -119,6 +121,7 @@ def build_program(
         "limit": float(limit_s),
         "max_bytes": int(max_reply_bytes),
         "remove_builtins": policy.runtime_removals(),
+        "delete_builtins": policy.runtime_deletions(),
         "allowed_imports": policy.runtime_allowed_imports(),
     }
     judge_bytes = judge_part if isinstance(judge_part, bytes) else encode_judge_part(judge_part)
@@ -148,6 +151,11 @@ def parse_verdict(result: ExecResult, nonce: bytes | None) -> Verdict | None:
         return None
     expected = nonce.hex()
     prefix = MARKER + " "
+    # The judge writes exactly one line with the nonce. More than one means the candidate learned the
+    # nonce and forged a line into the same stream (possible only where a provider merges stdout and
+    # stderr): then nothing is trusted.
+    if result.stdout.count(f"{prefix}{expected}") != 1:
+        return None
     for line in result.stdout.splitlines():
         if not line.startswith(prefix):
             continue

@@ -187,6 +187,8 @@ def _candidate(spec, rfd, wfd):
         data = _pickle.dumps(message, protocol=5)
         _write_all(wfd, len(data).to_bytes(4, "big") + data)
 
+    for name in spec.get("delete_builtins") or ():
+        builtins.__dict__.pop(name, None)
     table = dict(builtins.__dict__)
     for name in spec.get("remove_builtins") or ():
         table.pop(name, None)
@@ -556,7 +558,8 @@ def main():
             verdict["task_error"] = "%s: %s" % (type(exc).__name__, _exc_text(exc))
     conn.kill()  # nothing the candidate does from here on can reach the verdict
     verdict["elapsed"] = round(time.monotonic() - start, 6)
-    line = MARKER + b" " + nonce.hex().encode("ascii") + b" " + _to_json(verdict).encode("ascii") + b"\n"
+    # A leading newline: whatever reached the same stream before, the verdict starts its own line.
+    line = b"\n" + MARKER + b" " + nonce.hex().encode("ascii") + b" " + _to_json(verdict).encode("ascii") + b"\n"
     _write_all(1, line)
     # The killed candidate is reaped by whoever outlives us (the sandbox's init); no need to wait.
 
