@@ -140,6 +140,13 @@ def startup():
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     FD_LIMIT = 1024 if hard == resource.RLIM_INFINITY else min(hard, 1024)
     resource.setrlimit(resource.RLIMIT_NOFILE, (FD_LIMIT, hard))
+    # Without a memory cgroup nothing bounds the sum of the children's address spaces, so make
+    # every process of the sandbox the host OOM killer's first choice (the largest one goes).
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError:
+        pass
     if libc().prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
         raise SystemExit("trl-sandbox supervisor: prctl(PR_SET_DUMPABLE, 0) failed")
     # As PID 1, signals without a handler are dropped: SIGINT must not keep Python's handler.
