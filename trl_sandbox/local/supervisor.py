@@ -89,6 +89,7 @@ CACHE_MAX_BYTES = 8 << 20
 CACHE_MAX_ENTRIES = 512
 STATUS = None  # one shared byte: 1 when a forked Python child died of an uncaught MemoryError
 LIBC = None
+PRCTL = None
 READER = None
 
 
@@ -131,7 +132,7 @@ def read_request():
 
 def startup():
     """Move the host channel off fds 0/1, become non-dumpable, and apply the configuration."""
-    global CTL_IN, CTL_OUT, DEVNULL, WAKE_R, WAKE_W, FD_LIMIT, READER, USE_PIDFD
+    global CTL_IN, CTL_OUT, DEVNULL, WAKE_R, WAKE_W, FD_LIMIT, READER, USE_PIDFD, PRCTL
     CTL_IN, CTL_OUT = os.dup(0), os.dup(1)  # dup() makes them non-inheritable across execve
     DEVNULL = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
     os.dup2(DEVNULL, 0)
@@ -147,7 +148,8 @@ def startup():
             f.write("1000")
     except OSError:
         pass
-    if libc().prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+    PRCTL = libc().prctl
+    if PRCTL(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
         raise SystemExit("trl-sandbox supervisor: prctl(PR_SET_DUMPABLE, 0) failed")
     # As PID 1, signals without a handler are dropped: SIGINT must not keep Python's handler.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -576,11 +578,7 @@ def run_exec_child(job):
 
 
 def run_python_child(job):
-    """Become a fresh ``__main__``, run the program, and exit as the interpreter would.
-
-    The child stays non-dumpable like its parent: its ``/proc/<pid>`` entries belong to root,
-    though a process can always read its own ``/proc/self``.
-    """
+    """Become a fresh ``__main__``, run the program, and exit as the interpreter would."""
     source, filename, sys_argv, path0, unbuffered, _ = job[0]
     code = job[1]
     child_setup(job)
@@ -593,6 +591,7 @@ def run_python_child(job):
         main.__file__ = filename
     sys.modules["__main__"] = main
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    PRCTL(PR_SET_DUMPABLE, 1, 0, 0, 0)  # as after execve: its own /proc/self is its own again
     gc.enable()
     apply_limits()
     status = 0
