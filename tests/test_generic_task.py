@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from trl_sandbox import ConfigError, load_tasks
-from trl_sandbox.generic_task import DictTasks, GenericTask, compute_inputs, resolve_reference, tasks_from_dict
+from trl_sandbox.generic_task import (
+    DictTasks,
+    GenericTask,
+    compute_inputs,
+    resolve_reference,
+    tasks_from_dict,
+)
 from trl_sandbox.pool import SandboxPool
 from trl_sandbox.scoring import Scorer
 from trl_sandbox.tasks import resolve_task

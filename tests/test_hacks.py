@@ -201,7 +201,7 @@ def test_a_second_line_with_the_nonce_voids_the_verdict():
     from trl_sandbox.sandbox import ExecResult
 
     nonce = bytes(range(16))
-    real = '@@trl-sandbox-verdict@@ %s {"v": 1, "load": {"ok": true}, "tests": [{"ok": true}]}' % nonce.hex()
+    real = "@@trl-sandbox-verdict@@ " + nonce.hex() + ' {"v": 1, "load": {"ok": true}, "tests": [{"ok": true}]}'
     forged = real.replace('"ok": true}]', '"ok": true}, {"ok": true}]')
     assert parse_verdict(ExecResult(0, stdout=real + "\n"), nonce).tests == [{"ok": True}]
     assert parse_verdict(ExecResult(0, stdout=forged + "\n" + real + "\n"), nonce) is None

@@ -1,3 +1,4 @@
+# ruff: noqa: UP031  (runs on the sandbox's Python, 3.8+: plain %-formatting on purpose)
 """The judge: runs inside the sandbox as ``python3 -c SOURCE``, with this file's text as SOURCE.
 
 Standard library only, Python 3.8+. The source is sent byte-identical for every execution (a
@@ -329,7 +330,7 @@ class _Conn:
             except BlockingIOError:
                 continue
             except OSError:
-                raise _Exited()
+                raise _Exited() from None
             view = view[written:]
 
     def recv(self):
@@ -344,9 +345,9 @@ class _Conn:
             try:
                 message = self.loads(data)
             except _NotPlain as exc:
-                raise _Protocol("a message that is not plain data (%s)" % exc)
+                raise _Protocol("a message that is not plain data (%s)" % exc) from None
             except Exception as exc:
-                raise _Protocol("an undecodable message (%s)" % type(exc).__name__)
+                raise _Protocol("an undecodable message (%s)" % type(exc).__name__) from None
             if type(message) is not tuple or not message or type(message[0]) is not str:
                 raise _Protocol("a malformed message")
             return message
@@ -384,9 +385,9 @@ class _Conn:
             try:
                 return self.loads(reply[2])
             except _NotPlain as exc:
-                raise CandidateError("TypeError", "result is not plain data (%s)" % exc, "not_plain")
+                raise CandidateError("TypeError", "result is not plain data (%s)" % exc, "not_plain") from None
             except Exception as exc:
-                raise CandidateError("TypeError", "undecodable result (%s)" % type(exc).__name__, "not_plain")
+                raise CandidateError("TypeError", "undecodable result (%s)" % type(exc).__name__, "not_plain") from None
         raise CandidateError(reply[2], reply[3], reply[0])
 
     def kill(self):

