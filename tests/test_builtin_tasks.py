@@ -122,6 +122,14 @@ def test_body_stops_at_the_first_unindented_line(pool):
     assert outcome.status == "passed" and outcome.reward == 1.0
 
 
+def test_a_row_can_ask_for_whole_programs(pool):
+    # e.g. a multi-turn episode scores its solution file, a whole program, not a body
+    program = "def max_subarray_sum(xs):\n" + SOLUTIONS["max_subarray"]
+    rows_ = [dict(rows("max_subarray", 1)[0], extract="auto"), rows("max_subarray", 1)[0]]
+    outcomes = Scorer(pool, cache_size=0).score([program, program], rows_)
+    assert [o.status for o in outcomes] == ["passed", "no_code"]
+
+
 def test_validate_runs_the_known_good_solutions_in_a_sandbox():
     assert BuiltinTasks().validate() == []
     assert BuiltinTasks().validate(provider=None) == []

@@ -469,11 +469,18 @@ class DictTasks:
             raise ConfigError(f"task set {self.name!r} has no task {task_id!r}; it has {', '.join(self.tasks)}") from None
         return {"raise_is_error": self.raise_is_error, **entry}
 
-    def spec(self, task_id: str, timeout: float | None = None) -> CallTask:
+    def spec(self, task_id: str, timeout: float | None = None, extract: str | None = None) -> CallTask:
+        """The resolved task; ``timeout``/``extract`` override the entry's (a row may carry both:
+        e.g. a multi-turn episode scores a whole solution file with ``extract="auto"``)."""
         entry = self.entry(task_id)
         if timeout:
             entry["timeout"] = float(timeout)
+        if extract:
+            entry["extract"] = str(extract)
         return call_task(entry, task_id=task_id, extract=self.extract, timeout=self.timeout)
+
+    def _row_spec(self, row: Mapping[str, Any]) -> CallTask:
+        return self.spec(str(row["task_id"]), row.get("timeout"), row.get("extract"))
 
     def rows(self, task_ids: Sequence[str] | None = None, repeat: int = 1, **options: Any) -> list[dict[str, Any]]:
         """One row per task (``prompt``, ``task_id``), ``repeat`` times over."""
@@ -485,10 +492,10 @@ class DictTasks:
         return [{"prompt": self.tasks[t]["prompt"], "task_id": t} for _ in range(max(1, int(repeat))) for t in ids]
 
     def build(self, completion: str, row: Mapping[str, Any]) -> Program | Outcome:
-        return build_call(self.spec(str(row["task_id"]), row.get("timeout")), completion)
+        return build_call(self._row_spec(row), completion)
 
     def score(self, result: ExecResult, row: Mapping[str, Any], *, nonce: bytes | None) -> Outcome:
-        task = self.spec(str(row["task_id"]), row.get("timeout"))
+        task = self._row_spec(row)
         return call_outcome(result, nonce, task.expected, raise_is_error=task.raise_is_error)
 
     def validate(self, *, provider: str | None = "local", settings: Mapping[str, Any] | None = None) -> list[str]:
