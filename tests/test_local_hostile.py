@@ -1,0 +1,353 @@
+"""Hostile programs: each must give a definite result, and leave nothing behind, neither in the
+sandbox (checked from the host, through the sandbox's pid namespace) nor on the host."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from .local_helpers import children_of, local_host, wait_for
+
+LIMITS = {"memory_mb": 256, "max_processes": 32, "file_size_mb": 8, "output_bytes": 1 << 20}
+
+
+@pytest.fixture(scope="module")
+def host():
+    with local_host(work_size_mb=32, tmp_size_mb=16, shm_size_mb=4) as h:
+        yield h
+
+
+@pytest.fixture(scope="module")
+def box(host):
+    return host.create(limits=LIMITS)
+
+
+def clean_after(box, result):
+    """The common post-condition: only the supervisor is left and the sandbox still works."""
+    box.assert_only_supervisor()
+    assert children_of(box.bwrap_pid) == [box.supervisor_pid()]
+    assert box.py("print('next')").stdout == "next\n", result
+    return result
+
+
+# -- time -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv", [
+    ["python3", "-c", "while True: pass"],
+    ["python3", "-c", "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                      "signal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: pass"],
+    ["sh", "-c", "trap '' TERM INT HUP; while :; do :; done"],
+    ["sleep", "30"],
+])
+def test_endless_programs_time_out(box, argv):
+    start = time.monotonic()
+    r = box.exec(argv, timeout=0.5)
+    assert r.timed_out and r.exit_code == -signal.SIGKILL
+    assert time.monotonic() - start < 3
+    clean_after(box, r)
+
+
+def test_cpu_seconds_limit_counts_as_a_timeout(host):
+    box = host.create(limits={"cpu_seconds": 1})
+    r = box.py("while True: pass", timeout=10)
+    assert r.timed_out and r.exit_code == -signal.SIGXCPU and r.duration_s < 5
+    box.destroy()
+
+
+# -- processes --------------------------------------------------------------------------------
+
+
+ESCAPES = {
+    "double fork + setsid": """
+import os, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        with open('/tmp/daemon', 'w') as f:
+            while True:
+                f.write('x'); f.flush(); time.sleep(0.01)
+    os._exit(0)
+print('parent done')
+""",
+    "background holding the pipes": """
+import subprocess
+subprocess.Popen(['sleep', '60'])
+print('parent done')
+""",
+    "new process group ignoring signals": """
+import os, signal, time
+if os.fork() == 0:
+    os.setpgid(0, 0)
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(s, signal.SIG_IGN)
+    time.sleep(60)
+print('parent done')
+""",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ESCAPES))
+def test_escapes_do_not_outlive_the_exec(box, name):
+    r = box.py(ESCAPES[name], timeout=5)
+    assert r.exit_code == 0 and r.stdout == "parent done\n" and not r.timed_out
+    assert r.duration_s < 2, "the exec ends with its own process, not with the leftovers"
+    clean_after(box, r)
+    size = box.exec(["sh", "-c", "cat /tmp/daemon 2>/dev/null | wc -c"]).stdout
+    time.sleep(0.1)
+    assert box.exec(["sh", "-c", "cat /tmp/daemon 2>/dev/null | wc -c"]).stdout == size, "a writer survived"
+
+
+def test_shell_background_jobs_are_killed(box):
+    r = box.exec(["sh", "-c", "sleep 60 & setsid sleep 60 & nohup sleep 60 >/dev/null 2>&1 & echo started"], timeout=5)
+    assert r.stdout == "started\n" and r.exit_code == 0 and r.duration_s < 2
+    clean_after(box, r)
+
+
+def test_fork_bomb(box):
+    r = box.py("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass", timeout=1)
+    assert r.timed_out
+    clean_after(box, r)
+    r = box.exec(["sh", "-c", "b() { b | b & }; b"], timeout=1)
+    assert r.exit_code is not None
+    clean_after(box, r)
+
+
+def test_thread_bomb_is_bounded_by_the_process_limit(box):
+    r = box.py(textwrap.dedent("""
+        import os, threading, time
+        n = 0
+        try:
+            while True:
+                threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
+                n += 1
+        except RuntimeError:
+            print(n, flush=True)
+        os._exit(0)
+    """), timeout=5)
+    assert r.exit_code == 0 and 0 < int(r.stdout) < LIMITS["max_processes"]
+    clean_after(box, r)
+
+
+# -- memory and disk --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("source", [
+    "x = bytearray(2 * 1024 ** 3)",
+    "chunks = []\nwhile True:\n    chunks.append(bytearray(10 * 1024 ** 2))",
+    "s = 'x'\nwhile True:\n    s += s",
+])
+def test_memory_bombs_are_oom_results(box, source):
+    r = box.py(source, timeout=10)
+    assert r.exit_code == 1 and r.oom_killed and "MemoryError" in r.stderr and not r.timed_out
+    clean_after(box, r)
+
+
+def test_memory_bomb_in_a_native_program(box):
+    r = box.exec(["sh", "-c", "head -c 1000000000 /dev/zero | sort"], timeout=10)
+    assert r.exit_code not in (0, None) and not r.timed_out
+    clean_after(box, r)
+
+
+def test_disk_bombs_hit_the_file_size_limit_and_the_tmpfs_caps(box):
+    r = box.py("f = open('big', 'wb')\nwhile True:\n    f.write(b'x' * 1024 * 1024)")
+    assert r.exit_code == 1 and "File too large" in r.stderr
+    r = box.exec(["sh", "-c", "head -c 100000000 /dev/zero > big2"])
+    assert r.exit_code != 0  # SIGXFSZ or an error, at 8 MB
+    for place, cap in (("/work", 32), ("/tmp", 16), ("/dev/shm", 4)):
+        r = box.py(textwrap.dedent(f"""
+            import os
+            i = 0
+            try:
+                while True:
+                    with open('{place}/f%d' % i, 'wb') as f:
+                        f.write(b'x' * 4 * 1024 * 1024)
+                    i += 1
+            except OSError as exc:
+                print(exc.strerror)
+            st = os.statvfs('{place}')
+            print(st.f_blocks * st.f_frsize // 2 ** 20)
+        """), timeout=10)
+        assert r.stdout.split("\n")[:2] == ["No space left on device", str(cap)], (place, r)
+    box.reset()
+    r = box.exec(["sh", "-c", "du -sk /work /tmp /dev/shm | cut -f1"])
+    assert [int(x) for x in r.stdout.split()] == [0, 0, 0]
+    clean_after(box, r)
+
+
+# -- output and input ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("source", [
+    "import sys\nfor _ in range(3000):\n    sys.stdout.write('x' * 10000)",
+    "import sys\nfor _ in range(3000):\n    sys.stdout.write('y' * 9999 + '\\n')",
+    "import os\nfor _ in range(3000):\n    os.write(2, b'z' * 10000)",
+])
+def test_output_floods_are_capped_and_fast(box, source):
+    r = box.py(source, timeout=20)
+    assert r.exit_code == 0 and r.truncated and not r.timed_out
+    assert max(len(r.stdout), len(r.stderr)) == LIMITS["output_bytes"]
+    assert r.duration_s < 5, "capturing must not slow the program down"
+    clean_after(box, r)
+
+
+def test_endless_flood_is_capped_and_times_out(box):
+    r = box.exec(["yes"], timeout=0.5)
+    assert r.timed_out and r.truncated and len(r.stdout) == LIMITS["output_bytes"]
+    clean_after(box, r)
+
+
+def test_program_that_closes_its_streams_is_still_waited_for(box):
+    r = box.py("import os, time\nos.close(1); os.close(2)\ntime.sleep(0.3)\nos._exit(4)", timeout=5)
+    assert r.exit_code == 4 and 0.3 <= r.duration_s < 2
+
+
+def test_reading_stdin_when_none_is_given_gets_end_of_file(box):
+    assert box.exec(["cat"], timeout=2).exit_code == 0
+    r = box.py("import sys\nprint(repr(sys.stdin.read()), repr(sys.stdin.buffer.read()))", timeout=2)
+    assert r.stdout == "'' b''\n"
+    r = box.py("input('prompt: ')", timeout=2)
+    assert "EOFError" in r.stderr and not r.timed_out
+
+
+def test_no_inherited_descriptors(box):
+    r = box.py(textwrap.dedent("""
+        import os
+        print(sorted(os.listdir('/proc/self/fd')))
+        hits = []
+        for fd in range(3, 1024):
+            try:
+                os.write(fd, b'forged answer')
+                hits.append(fd)
+            except OSError:
+                pass
+        print(hits)
+    """))
+    assert r.stdout == "['0', '1', '2', '3']\n[]\n"
+
+
+# -- the host's secrets, the supervisor --------------------------------------------------------
+
+
+def test_hunting_for_secrets_finds_nothing(box, tmp_path, monkeypatch):
+    secret = "hunt-" + os.urandom(8).hex()
+    monkeypatch.setenv("OPENAI_API_KEY", secret)  # too late for this sandbox, and never passed anyway
+    (tmp_path / "key").write_text(secret)
+    r = box.py(textwrap.dedent(f"""
+        import glob, os
+        found = []
+        paths = glob.glob('/proc/[0-9]*/environ') + glob.glob('/proc/[0-9]*/cmdline') + ['/proc/1/mem']
+        for root in ('/etc', '/tmp', '/work', '/dev/shm', '/root', '/home'):
+            for dirpath, dirnames, filenames in os.walk(root):
+                paths += [os.path.join(dirpath, name) for name in filenames]
+        for path in paths:
+            try:
+                with open(path, 'rb') as f:
+                    if {secret.encode()!r} in f.read(1 << 20):
+                        found.append(path)
+            except (OSError, ValueError):
+                pass
+        print(found, {secret!r} in str(os.environ), os.path.exists({str(tmp_path)!r}))
+    """), timeout=30)
+    assert r.stdout == "[] False False\n", r
+
+
+@pytest.mark.parametrize("argv, code, out", [
+    (["python3", "-c", "import os; os.kill(os.getppid(), 9); print('still here')"], 0, "still here\n"),
+    (["python3", "-c", "import os; os.kill(1, 9); os.kill(1, 15); os.kill(1, 19); print('still here')"], 0, "still here\n"),
+    (["sh", "-c", "kill -9 -1; kill -9 1; kill -STOP 1; echo still here"], 0, "still here\n"),
+    # kill(-1) from a child reaches everything it may signal: the program itself dies, not init.
+    (["python3", "-c", "import os\nif os.fork() == 0:\n    os.setsid()\n    os.kill(-1, 9)\n    os._exit(0)\n"
+                       "os.wait()\nprint('unreachable')"], -signal.SIGKILL, ""),
+])
+def test_the_supervisor_cannot_be_killed_from_inside(box, argv, code, out):
+    supervisor = box.supervisor_pid()
+    r = box.exec(argv, timeout=5)
+    assert (r.exit_code, r.stdout, r.timed_out) == (code, out, False)
+    assert box.supervisor_pid() == supervisor and box.alive()
+    clean_after(box, r)
+
+
+@pytest.mark.parametrize("source, code", [
+    ("import ctypes; ctypes.string_at(0)", -signal.SIGSEGV),
+    ("import os; os.abort()", -signal.SIGABRT),
+    ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", -signal.SIGKILL),
+    ("import os, signal; os.kill(os.getpid(), signal.SIGTERM)", -signal.SIGTERM),
+])
+def test_crashes_are_results(box, source, code):
+    r = box.py(source, timeout=10)
+    assert r.exit_code == code and not r.timed_out
+    clean_after(box, r)
+
+
+# -- state that must not reach the next lease ---------------------------------------------------
+
+
+def test_state_left_behind_is_gone(box):
+    r = box.py(textwrap.dedent("""
+        import builtins, json, os, subprocess, ctypes
+        with open('/work/left.txt', 'w') as f:
+            f.write('file')
+        libc = ctypes.CDLL(None)
+        shmid = libc.shmget(0, 1 << 20, 0o1600)   # IPC_PRIVATE | IPC_CREAT
+        print(shmid >= 0)
+        subprocess.Popen(['sleep', '60'], start_new_session=True)
+        builtins.open = None                      # sabotage the next program's builtins
+        json.loads = lambda s: 'forged'           # and a pre-imported module
+        os.environ['INJECTED'] = '1'
+        os.chdir('/tmp')
+    """))
+    assert r.stdout == "True\n", r
+    r = box.py(textwrap.dedent("""
+        import json, os
+        print(json.loads('1'), os.environ.get('INJECTED'), os.getcwd(), open('/work/left.txt').read())
+        print(open('/proc/sysvipc/shm').read().count('\\n'))
+        print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()) == [1, os.getpid()])
+    """))
+    assert r.stdout == "1 None /work file\n1\nTrue\n", r
+    box.reset()
+    assert box.py("import os; print(os.listdir('/work'))").stdout == "[]\n"
+    clean_after(box, r)
+
+
+# -- the host ---------------------------------------------------------------------------------
+
+
+def test_sandboxes_die_with_the_process_that_made_them(tmp_path):
+    script = textwrap.dedent("""
+        import asyncio, sys
+        from trl_sandbox.local import LocalProvider
+        from trl_sandbox.sandbox import SandboxSpec
+
+        async def main():
+            provider = LocalProvider()
+            sandbox = await provider.create(SandboxSpec())
+            kids = open(f"/proc/{sandbox.pid}/task/{sandbox.pid}/children").read().split()
+            print(sandbox.pid, kids[0], flush=True)
+            await sandbox.exec(["python3", "-c", "import time; time.sleep(60)"], timeout=120)
+
+        asyncio.run(main())
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2
+        time.sleep(0.3)
+    finally:
+        proc.kill()
+        proc.wait()
+
+    def gone(pid):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+        except FileNotFoundError:
+            return True
+
+    assert wait_for(lambda: all(gone(p) for p in pids), timeout=5), "the sandbox outlived its creator"
