@@ -101,3 +101,17 @@ def test_sandbox_reward_speaks_trls_reward_protocol(flaky_provider):
     assert 0 < logged["sandbox/exec_p50_s"] <= logged["sandbox/exec_p95_s"]
     assert extra["sandbox_status"] == ["passed", "passed", "failed"]
     assert reward.seconds_total > 0
+
+
+def test_configured_timeout_reaches_the_judge_inside_the_program():
+    """``sandbox_timeout`` must govern the judge's own limit, not only the sandbox's wall clock."""
+    from trl_sandbox import load_tasks
+
+    row = dict(load_tasks("builtin", task_ids=["max_subarray"])[0])
+    slow = "    import time\n    time.sleep(0.2)\n    return max(xs)\n"  # 7 calls: 1.4 s > the default 1 s
+    with SandboxPool.open("local", size=1) as pool:
+        (patient,) = Scorer(pool, timeout=4.0).score([slow], [row])
+        (strict,) = Scorer(pool, timeout=0.3).score(["    while True:\n        pass\n"], [row])
+    assert patient.status in ("passed", "failed"), patient  # ran to the end: max(xs) is a wrong answer
+    assert patient.passed >= 1
+    assert strict.status == "timeout"

@@ -89,7 +89,8 @@ class Scorer:
         cache_size: int = 4096,
         timeout: float | None = None,
     ) -> None:
-        """``timeout`` overrides each program's own timeout (e.g. ``SandboxGRPOConfig.sandbox_timeout``)."""
+        """``timeout`` (e.g. ``SandboxGRPOConfig.sandbox_timeout``) is handed to tasks as the row's ``timeout``
+        column unless the row sets its own."""
         self.pool = pool
         self.scheme = get_scheme(scheme)
         self._use_task_scheme = scheme == "task"
@@ -129,6 +130,7 @@ class Scorer:
         outcomes: list[Outcome | None] = [None] * len(rows)
         tasks: list[Task | None] = [None] * len(rows)
         by_key: dict[str, tuple[Program, list[int]]] = {}
+        rows_for_score: list[Mapping[str, Any]] = list(rows)
 
         def finish(i: int, outcome: Outcome) -> None:
             if outcome.reward is None and outcome.status != "infra":
@@ -139,6 +141,10 @@ class Scorer:
                 on_result(i, outcome)
 
         for i, (completion, row) in enumerate(zip(completions, rows)):
+            if self.timeout is not None and row.get("timeout") is None:
+                # The row's ``timeout`` is how a task learns its time limit (the judge inside the
+                # program enforces it per call; the sandbox adds a margin around the program).
+                row = rows_for_score[i] = {**row, "timeout": self.timeout}
             try:
                 task = tasks[i] = resolve_task(row)
                 built = task.build(completion_text(completion), row)
@@ -150,8 +156,6 @@ class Scorer:
             if isinstance(built, Outcome):
                 finish(i, built)
                 continue
-            if self.timeout is not None:
-                built = _with_timeout(built, self.timeout)
             key = built.key(self._salt)
             by_key.setdefault(key, (built, []))[1].append(i)
 
@@ -179,7 +183,7 @@ class Scorer:
                 self.cache.put(key, result, nonce)
             for i in indices:
                 try:
-                    finish(i, tasks[i].score(result, rows[i], nonce=nonce))
+                    finish(i, tasks[i].score(result, rows_for_score[i], nonce=nonce))
                 except Exception as exc:
                     finish(i, Outcome("infra", detail=f"task failed to score the result: {exc!r}"))
 
@@ -202,9 +206,3 @@ class Scorer:
     def _reward(self, task: Task | None, outcome: Outcome) -> float | None:
         task_scheme = getattr(task, "reward_scheme", None) if self._use_task_scheme else None
         return (task_scheme or self.scheme)(outcome)
-
-
-def _with_timeout(program: Program, timeout: float) -> Program:
-    from dataclasses import replace
-
-    return replace(program, timeout=timeout)
