@@ -453,8 +453,16 @@ class LocalSandbox:
             pass
         try:
             await asyncio.wait_for(self._proc.wait(), 10)
+            # Let both pipes see end of file while the loop runs, so that no transport is left
+            # to be closed by the garbage collector after the loop has stopped.
+            await asyncio.wait_for(asyncio.gather(self._reader.read(), self._proc.stderr.read()), 5)
         except asyncio.TimeoutError:
             log.warning("sandbox %s (pid %s) did not exit after SIGKILL", self.id, self._proc.pid)
+        except RuntimeError:
+            pass  # an exec in flight is reading stdout; it sees the end of file itself
+        transport = getattr(self._proc, "_transport", None)
+        if transport is not None:
+            transport.close()
 
     # -- transport -----------------------------------------------------------------------------
 
