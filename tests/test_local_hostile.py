@@ -351,3 +351,22 @@ def test_sandboxes_die_with_the_process_that_made_them(tmp_path):
             return True
 
     assert wait_for(lambda: all(gone(p) for p in pids), timeout=5), "the sandbox outlived its creator"
+
+
+def test_the_sigchld_code_path_of_older_interpreters():
+    """Without pidfds (Python 3.8) the supervisor notices child exits through SIGCHLD."""
+    with local_host() as h:
+        h.provider._supervisor_options = {"exit_watch": "sigchld"}
+        box = h.create(limits=LIMITS)
+        assert box.py("import sys; print('ok'); sys.exit(3)").exit_code == 3
+        r = box.py(ESCAPES["double fork + setsid"], timeout=5)
+        assert r.stdout == "parent done\n" and r.duration_s < 2
+        clean_after(box, r)
+        r = box.exec(["sh", "-c", "sleep 60 & echo started"], timeout=5)
+        assert r.stdout == "started\n" and r.duration_s < 2
+        assert box.py("while True: pass", timeout=0.3).timed_out
+        r = box.py("import os, subprocess, time\nos.close(1)\nsubprocess.run(['true'])\ntime.sleep(0.2)")
+        assert r.exit_code == 0 and r.duration_s >= 0.2
+        r = box.py("import signal, subprocess\nsubprocess.run(['true'])\nprint(signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL)")
+        assert r.stdout == "True\n" and r.stderr == ""
+        clean_after(box, r)

@@ -321,3 +321,19 @@ def test_a_second_provider_is_independent():
     finally:
         host.close()
     assert not os.path.exists(f"/proc/{box.bwrap_pid}") or wait_for(lambda: not os.path.exists(f"/proc/{box.bwrap_pid}"))
+
+
+def test_an_exec_cancelled_by_its_caller_retires_the_sandbox(host):
+    import asyncio
+
+    box = host.create()
+
+    async def cancelled():
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(box.sandbox.exec(["sleep", "5"], timeout=10), 0.2)
+
+    host.run(cancelled())
+    assert not box.alive(), "its answer is still on the way: the channel cannot be reused"
+    with pytest.raises(InfraError):
+        box.py("pass")
+    box.destroy()

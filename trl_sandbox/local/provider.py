@@ -179,6 +179,8 @@ class LocalProvider:
         self._start_timeout = float(start_timeout_s)
         self._grace = float(exec_grace_s)
         self._cache_bytes = int(compile_cache_mb) << 20
+        # Extra supervisor configuration; {"exit_watch": "sigchld"} forces the Python 3.8 code path.
+        self._supervisor_options: dict = {}
         self._supervisor = SUPERVISOR_SOURCE.read_bytes()
         self._version = self._bwrap_version()
         self._disable_userns = self._version >= (0, 8)
@@ -361,6 +363,7 @@ class LocalProvider:
             "python_names": [self._python],
             "preload": list(self._preload),
             "cache_bytes": self._cache_bytes,
+            **self._supervisor_options,
         }
         try:
             await sandbox._start(config, self._start_timeout)

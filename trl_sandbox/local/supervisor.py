@@ -155,17 +155,6 @@ def startup():
         raise SystemExit("trl-sandbox supervisor: prctl(PR_SET_DUMPABLE, 0) failed")
     # As PID 1, signals without a handler are dropped: SIGINT must not keep Python's handler.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    if USE_PIDFD:
-        try:
-            os.close(os.pidfd_open(os.getpid()))
-        except OSError:  # kernel older than 5.3
-            USE_PIDFD = False
-    if not USE_PIDFD:
-        WAKE_R, WAKE_W = os.pipe()
-        os.set_blocking(WAKE_R, False)
-        os.set_blocking(WAKE_W, False)
-        signal.signal(signal.SIGCHLD, _noop)
-        signal.set_wakeup_fd(WAKE_W, warn_on_full_buffer=False)
     for kind in ("shm", "sem", "msg"):
         try:
             fd = os.open("/proc/sysvipc/" + kind, os.O_RDONLY | os.O_CLOEXEC)
@@ -176,6 +165,21 @@ def startup():
     request = read_request()
     if not request or request[0] != OP_CONFIG:
         raise SystemExit("trl-sandbox supervisor: expected a configuration message")
+    # How the end of a child is noticed: a pidfd (Python 3.9+, Linux 5.3+) in the poll set, or
+    # else SIGCHLD through a wake-up pipe (the only signal handler the supervisor installs).
+    if USE_PIDFD and request[1].get("exit_watch", "auto") != "sigchld":
+        try:
+            os.close(os.pidfd_open(os.getpid()))
+        except OSError:
+            USE_PIDFD = False
+    else:
+        USE_PIDFD = False
+    if not USE_PIDFD:
+        WAKE_R, WAKE_W = os.pipe()
+        os.set_blocking(WAKE_R, False)
+        os.set_blocking(WAKE_W, False)
+        signal.signal(signal.SIGCHLD, _noop)
+        signal.set_wakeup_fd(WAKE_W, warn_on_full_buffer=False)
     configure(request[1])
 
 
