@@ -337,3 +337,29 @@ def test_an_exec_cancelled_by_its_caller_retires_the_sandbox(host):
     with pytest.raises(InfraError):
         box.py("pass")
     box.destroy()
+
+
+def test_extra_read_only_binds():
+    import shutil
+    import tempfile
+
+    data = tempfile.mkdtemp(prefix="trl-sandbox-bind-")
+    try:
+        os.chmod(data, 0o755)
+        with open(os.path.join(data, "table.csv"), "w") as f:
+            f.write("a,b\n1,2\n")
+        os.chmod(os.path.join(data, "table.csv"), 0o644)
+        with pytest.raises(ConfigError, match="outside"):
+            LocalProvider(extra_ro_binds=[(data, "/work/data")])
+        host = Host(extra_ro_binds=[(data, "/data")])
+        try:
+            box = host.create()
+            assert box.exec(["cat", "/data/table.csv"]).stdout == "a,b\n1,2\n"
+            r = box.exec(["sh", "-c", "echo x > /data/new"])
+            assert r.exit_code != 0 and "Read-only" in r.stderr
+            box.reset()
+            assert box.exec(["ls", "/data"]).stdout == "table.csv\n"
+        finally:
+            host.close()
+    finally:
+        shutil.rmtree(data)

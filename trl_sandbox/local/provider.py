@@ -29,7 +29,14 @@ Inside, ``supervisor.py`` runs as PID 1 and serves requests over the container's
   ``reset()``, which also empties ``/work``, ``/tmp`` and ``/dev/shm``.
 * If the sandbox dies during an exec, that exec returns ``exit_code=None`` with an explanation in
   stderr, and every later call raises ``InfraError``. If the host itself stopped it (``destroy``,
-  lifetime expiry), the exec raises ``InfraError``.
+  lifetime expiry), the exec raises ``InfraError``. Sandboxed code cannot kill the supervisor
+  (it is the namespace's init), so in practice that takes the host or the kernel's OOM killer.
+* Where a forked interpreter differs from a fresh one: the string hash seed is the supervisor's
+  (the same in every exec of a sandbox), ``sys.flags`` are the supervisor's, and modules in
+  ``preload`` are already imported (in their pristine state: each exec starts from a fresh fork).
+* Not enforced: ``SandboxSpec.cpus`` and ``SandboxSpec.memory_mb`` (no cgroups); the limits that
+  apply are the per-process rlimits of ``ResourceLimits`` and the tmpfs caps. Every sandbox
+  process has ``oom_score_adj=1000``, so the host's OOM killer picks sandboxed code first.
 """
 
 from __future__ import annotations
@@ -78,6 +85,9 @@ DEFAULT_PRELOAD = (
     "traceback", "types", "typing", "unicodedata", "warnings", "weakref",
 )
 
+# The writable tmpfs mounts of a sandbox: emptied by reset(), never the target of a bind.
+SCRATCH = ("/work", "/tmp", "/dev/shm", "/proc", "/dev")
+
 # Host files that programs need to start and that reveal nothing about the host.
 ETC_FILES = (
     "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives",
@@ -108,7 +118,7 @@ class _Died(Exception):
 
 
 def _memfd(name: str, data: bytes) -> int:
-    fd = os.memfd_create(name, 0)  # inheritable only through pass_fds
+    fd = os.memfd_create(name)  # close-on-exec: only bwrap gets it, through pass_fds
     os.write(fd, data)
     os.lseek(fd, 0, os.SEEK_SET)
     return fd
@@ -163,6 +173,9 @@ class LocalProvider:
             src, dest = (entry, entry) if isinstance(entry, str) else tuple(entry)
             if not os.path.exists(src):
                 raise ConfigError(f"extra_ro_binds: {src!r} does not exist")
+            dest = os.path.normpath(dest)
+            if not os.path.isabs(dest) or any(dest == d or dest.startswith(d + "/") for d in SCRATCH):
+                raise ConfigError(f"extra_ro_binds: {dest!r} must be an absolute path outside {', '.join(SCRATCH)}")
             self._binds.append((os.path.abspath(src), dest))
         visible = ["/usr"] + [dest for _, dest in self._binds]
         if not any(python == v or python.startswith(v.rstrip("/") + "/") for v in visible):
@@ -185,6 +198,7 @@ class LocalProvider:
         self._version = self._bwrap_version()
         self._disable_userns = self._version >= (0, 8)
         self._sized_tmpfs = self._version >= (0, 7)
+        self._tmpfs_perms = self._version >= (0, 8)
         if not self._sized_tmpfs:
             warnings.warn(
                 f"bubblewrap {'.'.join(map(str, self._version))} cannot cap tmpfs sizes (0.7+ can); "
@@ -251,7 +265,9 @@ class LocalProvider:
         ):
             if self._sized_tmpfs:
                 args += ["--size", str(size << 20)]
-            args += ["--perms", perms, "--tmpfs", dest]
+            if self._tmpfs_perms:
+                args += ["--perms", perms]
+            args += ["--tmpfs", dest]
         fds = []
         try:
             for dest, blob in data.items():
