@@ -363,3 +363,13 @@ def test_extra_read_only_binds():
             host.close()
     finally:
         shutil.rmtree(data)
+
+
+def test_compiled_code_follows_the_source(box):
+    for version in ("one", "two", "two", "three", "one"):
+        box.write("prog.py", f"print({version!r})\n")
+        assert box.exec(["python3", "prog.py"]).stdout == f"{version}\n"
+        assert box.py(f"print({version!r})").stdout == f"{version}\n"
+    for _ in range(3):  # a cached syntax error is reported like a fresh one
+        r = box.py("x = (")
+        assert r.exit_code == 1 and "SyntaxError" in r.stderr and "Traceback" not in r.stderr

@@ -132,8 +132,10 @@ class LocalProvider:
     ``extra_ro_binds`` (host paths, or ``(host, inside)`` pairs, mounted read-only),
     ``work_size_mb`` / ``tmp_size_mb`` / ``shm_size_mb`` (tmpfs caps), ``preload`` (modules the fork
     server imports up front), ``sandbox_uid``, ``host_uid`` (the host uid bwrap drops to when run
-    as root; ``None`` keeps root), ``max_concurrency``, ``start_timeout_s`` and ``exec_grace_s``
-    (how long past an exec's timeout the host waits before declaring the sandbox hung).
+    as root; ``None`` keeps root), ``max_concurrency``, ``start_timeout_s``, ``exec_grace_s``
+    (how long past an exec's timeout the host waits before declaring the sandbox hung) and
+    ``compile_cache_mb`` (source size of the programs whose compiled code a sandbox keeps; code
+    takes about 3.5 times its source in memory).
     """
 
     name = "local"
@@ -154,7 +156,7 @@ class LocalProvider:
         max_concurrency: int | None = None,
         start_timeout_s: float = 30.0,
         exec_grace_s: float = 5.0,
-        compile_cache_mb: int = 8,
+        compile_cache_mb: float = 1,
     ) -> None:
         found = shutil.which(bwrap)
         if not found:
@@ -191,7 +193,7 @@ class LocalProvider:
             self._drop = {"user": int(host_uid), "group": int(host_uid), "extra_groups": []}
         self._start_timeout = float(start_timeout_s)
         self._grace = float(exec_grace_s)
-        self._cache_bytes = int(compile_cache_mb) << 20
+        self._cache_bytes = int(compile_cache_mb * (1 << 20))
         # Extra supervisor configuration; {"exit_watch": "sigchld"} forces the Python 3.8 code path.
         self._supervisor_options: dict = {}
         self._supervisor = SUPERVISOR_SOURCE.read_bytes()

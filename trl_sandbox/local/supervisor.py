@@ -86,8 +86,9 @@ RLIMITS = []
 PRE_FORK = []  # fork hooks that must give each child fresh state, run in the supervisor instead
 IPC_FILES = []  # (open fd of /proc/sysvipc/<kind>, length when empty, kind)
 CACHE = {}
+SEEN = set()  # hashes of sources compiled once and not kept
 CACHE_BYTES = [0]
-CACHE_MAX_BYTES = 8 << 20
+CACHE_MAX_BYTES = 1 << 20
 CACHE_MAX_ENTRIES = 512
 STATUS = None  # one shared byte: 1 when a forked Python child died of an uncaught MemoryError
 LIBC = None
@@ -329,7 +330,12 @@ def python_plan(argv, stdin, cwd, env):
 
 
 def compiled(source, filename):
-    """A code object from the cache, compiled on first sight; or the exception compile raised."""
+    """A code object, compiled here before the fork; or the exception compile raised.
+
+    Code is kept for sources seen before (a judge program sent with every exec, a benchmark's
+    programs): one seen for the first time is compiled and dropped after the fork, so the
+    unique programs of training never fill the cache (nor grow the memory every fork copies).
+    """
     if len(source) > MAX_PARENT_COMPILE:
         return None  # compiled by the child, under its limits
     key = (source, filename)
@@ -340,6 +346,13 @@ def compiled(source, filename):
         except Exception as exc:  # SyntaxError, ValueError (NUL bytes), RecursionError, ...
             exc.__traceback__ = None
             return exc
+        digest = hash(key)
+        if digest not in SEEN:
+            if len(SEEN) >= 4096:
+                SEEN.clear()
+            SEEN.add(digest)
+            return code
+        SEEN.discard(digest)
         CACHE_BYTES[0] += len(source)
         while CACHE and (len(CACHE) >= CACHE_MAX_ENTRIES or CACHE_BYTES[0] > CACHE_MAX_BYTES):
             old = next(iter(CACHE))
