@@ -765,7 +765,14 @@ def serve():
             return None
         op = request[0]
         if op == OP_EXEC:
-            job = do_exec(request)
+            try:
+                job = do_exec(request)
+            except Exception as exc:  # fork failed, or a bug: answer, and let the host retire us
+                if os.getpid() != 1:
+                    os._exit(EXIT_CANNOT_RUN)  # a child never answers the host
+                sweep()
+                reply(K_ERROR, part1=f"exec failed in the supervisor: {exc!r}".encode("utf-8", "replace"))
+                continue
             if job is not None:
                 return job
         elif op == OP_PING:
