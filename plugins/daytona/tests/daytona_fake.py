@@ -1,0 +1,369 @@
+"""A fake Daytona API and toolbox on 127.0.0.1, for tests that drive the real ``daytona`` SDK.
+
+It implements the REST endpoints the SDK calls for what the provider uses: create, get, list by
+labels (paged by cursor), delete, last-activity, and on the toolbox (``toolboxProxyUrl`` points back
+here) ``process/execute`` and ``files/bulk-upload`` / ``files/bulk-download``. Like Daytona's
+daemon, ``process/execute`` feeds the command text to ``/bin/sh`` on its stdin, merges stderr into
+stdout, and on timeout kills the process group and answers 408. Commands run for real on this host:
+it stands in for the vendor's cloud, so only trusted test programs may be sent to it.
+
+Faults are injected per route (``create``, ``get``, ``list``, ``delete``, ``exec``, ``upload``,
+``download``, ``activity``): ``fail(route, status, times, headers, message, match)`` answers the
+next requests (whose body contains ``match``, if given) with an error envelope; ``stick_next_creates(n)`` leaves new sandboxes in ``starting`` forever;
+``vanish(id)`` makes a sandbox disappear (404 everywhere).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+API_KEY = "test-key"
+
+
+@dataclass
+class FakeSandbox:
+    id: str
+    request: dict
+    state: str = "started"
+    created_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
+    procs: set = field(default_factory=set)
+    activity: int = 0
+
+
+@dataclass
+class Fault:
+    status: int
+    times: int
+    headers: dict
+    message: str
+    match: bytes | None = None  # only requests whose body contains this
+
+
+class FakeDaytona:
+    def __init__(self, page_size: int = 2) -> None:
+        self.page_size = page_size
+        self.sandboxes: dict[str, FakeSandbox] = {}
+        self.deleted: list[str] = []
+        self.calls: list[tuple[str, str | None]] = []  # (route, sandbox id)
+        self.faults: dict[str, list[Fault]] = {}
+        self.stuck_creates = 0
+        self.lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self.server.daemon_threads = True
+        self.server.fake = self  # type: ignore[attr-defined]
+        self._thread = threading.Thread(target=self.server.serve_forever, name="fake-daytona", daemon=True)
+
+    # -- control ---------------------------------------------------------------------------------
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    @property
+    def api_url(self) -> str:
+        return self.base + "/api"
+
+    def start(self) -> FakeDaytona:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        with self.lock:
+            for sandbox in self.sandboxes.values():
+                _kill_all(sandbox)
+
+    def fail(self, route: str, status: int, times: int = 1, headers: dict | None = None, message: str = "",
+             match: str | None = None) -> None:
+        with self.lock:
+            self.faults.setdefault(route, []).append(
+                Fault(status, times, dict(headers or {}), message or f"injected {status}",
+                      match.encode() if match else None)
+            )
+
+    def stick_next_creates(self, n: int = 1) -> None:
+        with self.lock:
+            self.stuck_creates += n
+
+    def vanish(self, sandbox_id: str) -> None:
+        with self.lock:
+            sandbox = self.sandboxes.pop(sandbox_id)
+            _kill_all(sandbox)
+
+    def live(self) -> list[str]:
+        with self.lock:
+            return [s.id for s in self.sandboxes.values() if s.state != "destroyed"]
+
+    def count(self, route: str) -> int:
+        with self.lock:
+            return sum(1 for r, _ in self.calls if r == route)
+
+    # -- helpers for the handler -----------------------------------------------------------------
+
+    def take_fault(self, route: str, body: bytes) -> Fault | None:
+        with self.lock:
+            for fault in self.faults.get(route) or []:
+                if fault.match is None or fault.match in body:
+                    fault.times -= 1
+                    if fault.times <= 0:
+                        self.faults[route].remove(fault)
+                    return fault
+            return None
+
+    def dto(self, sandbox: FakeSandbox, full: bool = True) -> dict:
+        r = sandbox.request
+        build = r.get("buildInfo") or None
+        out = {
+            "id": sandbox.id, "organizationId": "org-test", "name": r.get("name") or sandbox.id,
+            "user": r.get("user") or "daytona", "labels": r.get("labels") or {}, "public": bool(r.get("public")),
+            "networkBlockAll": bool(r.get("networkBlockAll")), "target": r.get("target") or "us",
+            "cpu": r.get("cpu") or 1, "gpu": 0, "memory": r.get("memory") or 1, "disk": r.get("disk") or 3,
+            "toolboxProxyUrl": self.base + "/toolbox", "state": sandbox.state, "snapshot": r.get("snapshot"),
+            "autoStopInterval": r.get("autoStopInterval"), "autoDeleteInterval": r.get("autoDeleteInterval"),
+            "createdAt": sandbox.created_at, "updatedAt": sandbox.created_at,
+            "buildInfo": ({"dockerfileContent": build.get("dockerfileContent", ""), "contextHashes": [],
+                           "createdAt": sandbox.created_at, "updatedAt": sandbox.created_at, "snapshotRef": "x"}
+                          if build and full else None),
+        }
+        if full:
+            out.update(env=r.get("env") or {}, kvm=False)
+        return {k: v for k, v in out.items() if v is not None}
+
+
+def _kill_all(sandbox: FakeSandbox) -> None:
+    for proc in list(sandbox.procs):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _split_multipart(body: bytes, content_type: str) -> list[tuple[dict[str, str], bytes]]:
+    """Byte-exact multipart/form-data parsing: [(disposition parameters, data)]."""
+    boundary = None
+    for part in content_type.split(";"):
+        key, _, value = part.strip().partition("=")
+        if key.lower() == "boundary":
+            boundary = value.strip('"')
+    if not boundary:
+        raise ValueError("no multipart boundary")
+    parts = []
+    for chunk in body.split(b"--" + boundary.encode())[1:]:
+        if chunk.startswith(b"--"):
+            break
+        head, _, data = chunk.partition(b"\r\n\r\n")
+        if data.endswith(b"\r\n"):
+            data = data[:-2]
+        params: dict[str, str] = {}
+        for line in head.decode("latin-1").split("\r\n"):
+            name, _, value = line.partition(":")
+            if name.strip().lower() == "content-disposition":
+                for item in value.split(";")[1:]:
+                    k, _, v = item.strip().partition("=")
+                    params[k.lower()] = v.strip('"')
+        parts.append((params, data))
+    return parts
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args) -> None:  # quiet
+        pass
+
+    @property
+    def fake(self) -> FakeDaytona:
+        return self.server.fake  # type: ignore[attr-defined]
+
+    def _body(self) -> bytes:
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
+
+    def _send(self, status: int, payload: object = None, headers: dict | None = None,
+              raw: bytes | None = None, content_type: str = "application/json") -> None:
+        body = raw if raw is not None else (b"" if payload is None else json.dumps(payload).encode())
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for key, value in (headers or {}).items():
+            self.send_header(key, str(value))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _error(self, status: int, message: str, code: str | None = None, headers: dict | None = None) -> None:
+        envelope = {"statusCode": status, "message": message, "code": code or f"HTTP_{status}",
+                    "timestamp": datetime.now(timezone.utc).isoformat(), "path": self.path, "method": self.command}
+        self._send(status, envelope, headers)
+
+    def _route(self) -> tuple[str, str | None, str]:
+        parts = [p for p in urlsplit(self.path).path.split("/") if p]
+        method = self.command
+        if parts[:1] == ["api"]:
+            rest = parts[1:]
+            if rest[:1] == ["sandbox"]:
+                if len(rest) == 1:
+                    return ("create" if method == "POST" else "list"), None, ""
+                if len(rest) == 2:
+                    return ("delete" if method == "DELETE" else "get"), rest[1], ""
+                if rest[2:] == ["last-activity"]:
+                    return "activity", rest[1], ""
+            return "unknown", None, ""
+        if parts[:1] == ["toolbox"] and len(parts) >= 3:
+            tail = "/".join(parts[2:])
+            route = {"process/execute": "exec", "files/bulk-upload": "upload",
+                     "files/bulk-download": "download"}.get(tail, "unknown")
+            return route, parts[1], tail
+        return "unknown", None, ""
+
+    def _handle(self) -> None:
+        route, sandbox_id, _ = self._route()
+        body = self._body()
+        fake = self.fake
+        with fake.lock:
+            fake.calls.append((route, sandbox_id))
+        if route == "unknown":
+            return self._error(404, f"no route for {self.command} {self.path}")
+        if self.headers.get("Authorization") != f"Bearer {API_KEY}":
+            return self._error(401, "Invalid credentials", "UNAUTHORIZED")
+        fault = fake.take_fault(route, body)
+        if fault is not None:
+            return self._error(fault.status, fault.message, headers=fault.headers)
+        if route == "create":
+            return self._create(json.loads(body or b"{}"))
+        if route == "list":
+            return self._list()
+        with fake.lock:
+            sandbox = fake.sandboxes.get(sandbox_id or "")
+        if sandbox is None or sandbox.state == "destroyed" and route != "get":
+            return self._error(404, f"Sandbox with ID or name {sandbox_id} not found", "NOT_FOUND")
+        if route == "get":
+            return self._send(200, fake.dto(sandbox))
+        if route == "delete":
+            with fake.lock:
+                sandbox.state = "destroyed"
+                fake.deleted.append(sandbox.id)
+                _kill_all(sandbox)
+            return self._send(200, fake.dto(sandbox))
+        if route == "activity":
+            with fake.lock:
+                sandbox.activity += 1
+            return self._send(201, raw=b"", content_type="text/plain")
+        if sandbox.state != "started":
+            return self._error(409, f"Sandbox {sandbox.id} is not started", "CONFLICT")
+        if route == "exec":
+            return self._exec(sandbox, json.loads(body or b"{}"))
+        if route == "upload":
+            return self._upload(body)
+        if route == "download":
+            return self._download(json.loads(body or b"{}"))
+
+    do_GET = do_POST = do_DELETE = _handle
+
+    # -- control plane ---------------------------------------------------------------------------
+
+    def _create(self, request: dict) -> None:
+        fake = self.fake
+        with fake.lock:
+            sandbox_id = f"sbx-{next(fake._ids)}-{uuid.uuid4().hex[:6]}"
+            sandbox = FakeSandbox(sandbox_id, request)
+            if fake.stuck_creates > 0:
+                fake.stuck_creates -= 1
+                sandbox.state = "starting"
+            fake.sandboxes[sandbox_id] = sandbox
+        self._send(200, fake.dto(sandbox))
+
+    def _list(self) -> None:
+        fake = self.fake
+        query = parse_qs(urlsplit(self.path).query)
+        wanted = json.loads(query["labels"][0]) if "labels" in query else {}
+        cursor = int(query["cursor"][0]) if query.get("cursor") else 0
+        limit = int(query["limit"][0]) if query.get("limit") else fake.page_size
+        with fake.lock:
+            matching = [s for s in fake.sandboxes.values() if s.state != "destroyed"
+                        and all((s.request.get("labels") or {}).get(k) == v for k, v in wanted.items())]
+            page = [fake.dto(s, full=False) for s in matching[cursor:cursor + limit]]
+        following = cursor + limit if cursor + limit < len(matching) else None
+        self._send(200, {"items": page, "nextCursor": str(following) if following is not None else None})
+
+    # -- toolbox ---------------------------------------------------------------------------------
+
+    def _exec(self, sandbox: FakeSandbox, request: dict) -> None:
+        # ``python3`` is this interpreter, as if it were the image's.
+        path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "/usr/bin:/bin")])
+        env = {"PATH": path, "HOME": "/tmp", "LANG": "C.UTF-8"}
+        env.update(sandbox.request.get("env") or {})
+        env.update(request.get("envs") or {})
+        cwd = request.get("cwd") or "/"
+        if not os.path.isdir(cwd):
+            return self._error(400, f"cwd {cwd} does not exist", "BAD_REQUEST")
+        timeout = request.get("timeout") or None
+        proc = subprocess.Popen(["/bin/sh"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, cwd=cwd, env=env, start_new_session=True)
+        with self.fake.lock:
+            sandbox.procs.add(proc)
+        try:
+            out, _ = proc.communicate(request.get("command", "").encode(), timeout=timeout)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.communicate()
+            return self._error(408, "command execution timeout", "REQUEST_TIMEOUT")
+        finally:
+            with self.fake.lock:
+                sandbox.procs.discard(proc)
+        if self.fake.sandboxes.get(sandbox.id) is not sandbox or sandbox.state == "destroyed":
+            return self._error(404, f"Sandbox {sandbox.id} not found", "NOT_FOUND")
+        self._send(200, {"exitCode": proc.returncode, "result": out.decode("utf-8", "replace")})
+
+    def _upload(self, body: bytes) -> None:
+        # Fields ``files[i].path`` (the destination) and ``files[i].file`` (the bytes).
+        paths: dict[str, str] = {}
+        datas: dict[str, bytes] = {}
+        for params, data in _split_multipart(body, self.headers.get("Content-Type", "")):
+            index, _, kind = params.get("name", "").rpartition(".")
+            if kind == "path":
+                paths[index] = data.decode()
+            elif kind == "file":
+                datas[index] = data
+        for index, data in datas.items():
+            path = paths[index]
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            with open(path, "wb") as fh:
+                fh.write(data)
+        self._send(200, raw=b"", content_type="text/plain")
+
+    def _download(self, request: dict) -> None:
+        boundary = uuid.uuid4().hex
+        out = bytearray()
+        for path in request.get("paths", []):
+            out += f"--{boundary}\r\n".encode()
+            try:
+                with open(path, "rb") as fh:
+                    data = fh.read()
+            except OSError as exc:
+                error = {"message": f"{path}: {exc.strerror.lower()}", "statusCode": 404, "code": "FILE_NOT_FOUND",
+                         "source": "DAYTONA_DAEMON"}
+                out += (f'Content-Disposition: form-data; name="error"; filename="{path}"\r\n'
+                        "Content-Type: application/json\r\n\r\n").encode()
+                out += json.dumps(error).encode() + b"\r\n"
+                continue
+            out += (f'Content-Disposition: form-data; name="file"; filename="{path}"\r\n'
+                    "Content-Type: application/octet-stream\r\n\r\n").encode()
+            out += data + b"\r\n"
+        out += f"--{boundary}--\r\n".encode()
+        self._send(200, raw=bytes(out), content_type=f"multipart/form-data; boundary={boundary}")

@@ -1,0 +1,565 @@
+"""Daytona sandboxes through the official SDK's ``AsyncDaytona`` client.
+
+What a caller can rely on:
+
+* ``create(spec)``: ``spec.tags`` become Daytona labels, ``spec.env`` the sandbox environment,
+  ``network_block_all = not spec.network``. The server-side lifetime is finite: ``ttl_minutes``
+  (a hard wall-clock limit since creation, rounded up to whole minutes) plus, by default, an
+  ephemeral sandbox (deleted as soon as it stops) with Daytona's inactivity auto-stop. A create that
+  times out after Daytona made the sandbox (``DaytonaTimeoutError.sandbox_id``) deletes it before
+  raising ``InfraError``.
+* ``exec(argv, stdin=...)``: Daytona runs a shell command string, so argv is quoted with
+  ``shlex.join``. stdin is uploaded byte-exact as a file first and redirected (the file is unlinked
+  before the program starts); without stdin the program reads ``/dev/null``. **Daytona merges
+  stderr into stdout**: ``ExecResult.stderr`` is always empty and ``capabilities.separate_stderr``
+  is False. The time limit is enforced by Daytona's daemon in whole seconds (rounded up); it
+  kills the command's process group and answers 408, which becomes ``timed_out=True``.
+  ``SandboxSpec.limits`` (CPU seconds, address space, file size, open files) are applied with
+  ``prlimit`` when the sandbox image has it (checked once per sandbox).
+* Relative paths and the default cwd are the work directory (``work_dir``, default
+  ``/tmp/trl-sandbox/work``); ``reset()`` empties it. Files persist until then.
+* Errors: 429 -> ``RateLimitError`` (``retry_after`` from ``Retry-After-*``/``Retry-After``),
+  5xx, transport errors and a sandbox that vanished (404) -> ``InfraError``, account limits
+  (400/403/422 saying "limit"/"quota"/"exceeded") -> ``QuotaError``, 401 and other 400/403 ->
+  ``ConfigError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import logging
+import math
+import os
+import posixpath
+import re
+import shlex
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from trl_sandbox import (
+    Capabilities,
+    ConfigError,
+    ExecResult,
+    InfraError,
+    QuotaError,
+    RateLimitError,
+    ResourceLimits,
+    SandboxError,
+    SandboxInfo,
+    SandboxSpec,
+)
+
+log = logging.getLogger("trl_sandbox_daytona")
+
+LANGUAGE_LABEL = "code-toolbox-language"  # the SDK adds it to every sandbox it creates
+KEY_HINT = (
+    "set DAYTONA_API_KEY (create a key in the Daytona dashboard: https://app.daytona.io/dashboard/keys), "
+    "or pass the provider setting api_key=...; DAYTONA_JWT_TOKEN together with DAYTONA_ORGANIZATION_ID "
+    "also works"
+)
+_QUOTA = re.compile(r"quota|limit|exceed", re.IGNORECASE)
+_GONE_STATES = {"destroyed", "destroying"}
+
+
+# -- settings -----------------------------------------------------------------------------------
+
+
+def _number(name: str, value: Any, kind: type = float, minimum: float | None = None) -> Any:
+    """A numeric setting (settings may arrive as strings from the command line); ``None`` stays ``None``."""
+    if value is None or value == "":
+        return None
+    try:
+        number = kind(float(value)) if kind is int else kind(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"daytona provider setting {name}={value!r} must be a number") from None
+    if minimum is not None and number < minimum:
+        raise ConfigError(f"daytona provider setting {name}={value!r} must be at least {minimum}")
+    return number
+
+
+def _flag(name: str, value: Any) -> bool:
+    if isinstance(value, str):
+        if value.lower() in ("1", "true", "yes", "on"):
+            return True
+        if value.lower() in ("0", "false", "no", "off", ""):
+            return False
+        raise ConfigError(f"daytona provider setting {name}={value!r} must be true or false")
+    return bool(value)
+
+
+def _env(name: str) -> str | None:
+    """A ``DAYTONA_*`` variable the way the SDK reads it: process environment, then ``.env.local``/``.env``."""
+    try:
+        from daytona._utils.env import DaytonaEnvReader
+
+        return DaytonaEnvReader().get(name)
+    except Exception:  # the SDK moved its reader: the process environment is what matters most
+        return os.environ.get(name)
+
+
+# -- errors -------------------------------------------------------------------------------------
+
+
+def _status(exc: BaseException) -> int | None:
+    """The HTTP status behind a Daytona SDK error (also when it only survives on the cause chain)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        for attr in ("status_code", "status"):
+            value = getattr(current, attr, None)
+            if isinstance(value, int) and 100 <= value < 600:
+                return value
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _headers(exc: BaseException) -> dict[str, str]:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        headers = getattr(current, "headers", None)
+        if headers:
+            try:
+                return {str(k).lower(): str(v) for k, v in dict(headers).items()}
+            except Exception:
+                pass
+        current = current.__cause__ or current.__context__
+    return {}
+
+
+def retry_after(headers: Mapping[str, str]) -> float | None:
+    """Seconds to wait from ``Retry-After`` or Daytona's per-throttler ``Retry-After-<name>`` headers.
+
+    Values are seconds or an HTTP date; when several throttlers answer, the longest wait wins.
+    """
+    waits = []
+    for key, value in headers.items():
+        key = key.lower()
+        if key != "retry-after" and not key.startswith("retry-after-"):
+            continue
+        try:
+            waits.append(max(0.0, float(value)))
+            continue
+        except ValueError:
+            pass
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            continue
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=timezone.utc)
+        waits.append(max(0.0, (when - datetime.now(timezone.utc)).total_seconds()))
+    return max(waits) if waits else None
+
+
+def translate(exc: BaseException, what: str, sandbox_id: str | None = None) -> SandboxError:
+    """Map a Daytona SDK (or transport) error to the trl-sandbox taxonomy."""
+    if isinstance(exc, SandboxError):
+        return exc
+    from daytona import DaytonaAuthenticationError, DaytonaBadRequestError, DaytonaRateLimitError
+
+    status = _status(exc)
+    message = f"Daytona: {what} failed: {exc}"
+    if status == 429 or isinstance(exc, DaytonaRateLimitError):
+        return RateLimitError(message, retry_after=retry_after(_headers(exc)))
+    if status == 401 or isinstance(exc, DaytonaAuthenticationError):
+        return ConfigError(f"{message}. The credentials were rejected: {KEY_HINT}")
+    if status in (400, 403, 422) and _QUOTA.search(str(exc)):
+        return QuotaError(f"{message}. This is an account limit: use fewer or smaller sandboxes "
+                          "(sandbox_pool_size, cpu/memory/disk settings) or raise the limit with Daytona")
+    if status == 403:
+        return ConfigError(f"{message}. The API key lacks a permission this needs")
+    if status in (400, 422) or (status is None and isinstance(exc, DaytonaBadRequestError)):
+        return ConfigError(f"{message}. Daytona rejected the request; check the provider settings")
+    if status == 404 and sandbox_id is not None:
+        return InfraError(f"Daytona: sandbox {sandbox_id} vanished ({what}: {exc})")
+    return InfraError(message)
+
+
+def _is_exec_timeout(exc: BaseException) -> bool:
+    """True for the daemon's answer that the command ran out of time (HTTP 408), not for transport timeouts."""
+    from daytona import DaytonaConnectionError, DaytonaTimeoutError
+
+    if isinstance(exc, DaytonaConnectionError):
+        return False
+    return _status(exc) == 408 or (isinstance(exc, DaytonaTimeoutError) and _status(exc) in (None, 408))
+
+
+def _state(sdk_sandbox: Any) -> str:
+    state = getattr(sdk_sandbox, "state", None)
+    return str(getattr(state, "value", state) or "unknown").lower()
+
+
+def _timestamp(value: Any) -> float | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+# -- sandbox ------------------------------------------------------------------------------------
+
+
+class DaytonaSandbox:
+    """One Daytona sandbox. Use through ``DaytonaProvider.create``."""
+
+    def __init__(self, provider: DaytonaProvider, sdk_sandbox: Any, spec: SandboxSpec) -> None:
+        self.id: str = sdk_sandbox.id
+        self.tags = dict(spec.tags)
+        self.work_dir = provider.work_dir_for(self.id)
+        self.limits: ResourceLimits = spec.limits
+        self.prlimit = False
+        self._provider = provider
+        self._sb = sdk_sandbox
+
+    def _path(self, path: str) -> str:
+        if "\0" in path:
+            raise ValueError(f"invalid path {path!r}")
+        return posixpath.normpath(posixpath.join(self.work_dir, path))
+
+    def _wrap(self, argv: list[str]) -> str:
+        if not (self.prlimit and self._provider.rlimits):
+            return shlex.join(argv)
+        limits = self.limits
+        caps = [
+            f"--cpu={max(1, math.ceil(limits.cpu_seconds))}",
+            f"--as={int(limits.memory_mb) << 20}",
+            f"--fsize={int(limits.file_size_mb) << 20}",
+            f"--nofile={int(limits.open_files)}",
+        ]
+        return shlex.join(["prlimit", *caps, "--", *argv])
+
+    async def _shell(self, command: str, timeout: int, what: str) -> Any:
+        try:
+            return await self._sb.process.exec(command, cwd="/", timeout=timeout)
+        except Exception as exc:
+            raise translate(exc, what, self.id) from exc
+
+    async def _prepare(self) -> None:
+        """Create the work directory and see whether ``prlimit`` is there to apply the limits."""
+        work = shlex.quote(self.work_dir)
+        response = await self._shell(
+            f"mkdir -p -- {work} && if command -v prlimit >/dev/null 2>&1; then echo prlimit=yes; fi",
+            timeout=60, what="preparing the work directory",
+        )
+        if response.exit_code != 0:
+            raise InfraError(f"Daytona: sandbox {self.id}: could not create {self.work_dir}: {response.result!r}")
+        self.prlimit = "prlimit=yes" in (response.result or "")
+
+    async def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | str | None = None,
+        timeout: float,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> ExecResult:
+        if isinstance(argv, (str, bytes)) or not argv:
+            raise TypeError("argv must be a non-empty sequence of strings, e.g. ['python3', '-c', source]")
+        if not timeout or timeout <= 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        program = self._wrap([str(a) for a in argv])
+        if isinstance(stdin, str):
+            stdin = stdin.encode()
+        if stdin:
+            # Byte-exact stdin: upload it, open it as the program's stdin, unlink it, then exec.
+            path = posixpath.join(self.work_dir, f".trl-sandbox-stdin-{uuid.uuid4().hex}")
+            try:
+                await self._sb.fs.upload_file(bytes(stdin), path)
+            except Exception as exc:
+                raise translate(exc, "uploading stdin", self.id) from exc
+            quoted = shlex.quote(path)
+            command = f"{{ rm -f -- {quoted}; exec {program}; }} < {quoted}"
+        else:
+            # The daemon feeds the command text to the shell on its stdin: never let the program read it.
+            command = f"exec {program} < /dev/null"
+        started = time.monotonic()
+        try:
+            response = await self._sb.process.exec(
+                command,
+                cwd=self._path(cwd) if cwd else self.work_dir,
+                env={str(k): str(v) for k, v in env.items()} if env else None,
+                timeout=max(1, math.ceil(timeout)),
+            )
+        except Exception as exc:
+            if _is_exec_timeout(exc):
+                return ExecResult(exit_code=None, timed_out=True, duration_s=time.monotonic() - started)
+            raise translate(exc, "exec", self.id) from exc
+        duration = time.monotonic() - started
+        output = response.result or ""
+        truncated = len(output) > self.limits.output_bytes
+        if truncated:
+            output = output[: self.limits.output_bytes]
+        return ExecResult(exit_code=response.exit_code, stdout=output, stderr="", truncated=truncated,
+                          duration_s=duration)
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        if isinstance(data, str):
+            data = data.encode()
+        try:
+            await self._sb.fs.upload_file(bytes(data), self._path(path))
+        except Exception as exc:
+            raise translate(exc, f"writing {path}", self.id) from exc
+
+    async def read_file(self, path: str) -> bytes:
+        from daytona import FileDownloadRequest
+
+        full = self._path(path)
+        try:
+            (response,) = await self._sb.fs.download_files([FileDownloadRequest(source=full)])
+        except Exception as exc:
+            raise translate(exc, f"reading {path}", self.id) from exc
+        if response.error:
+            details = response.error_details
+            status = getattr(details, "status_code", None)
+            if status == 404 or "not found" in response.error.lower() or "no such file" in response.error.lower():
+                raise FileNotFoundError(2, f"no such file in sandbox {self.id}", path)
+            raise InfraError(f"Daytona: sandbox {self.id}: reading {path} failed: {response.error}")
+        data = response.result
+        return data.encode() if isinstance(data, str) else bytes(data or b"")
+
+    async def reset(self) -> None:
+        work = shlex.quote(self.work_dir)
+        response = await self._shell(f"rm -rf -- {work} && mkdir -p -- {work}", timeout=30, what="reset")
+        if response.exit_code != 0:
+            raise InfraError(f"Daytona: sandbox {self.id}: reset failed: {response.result!r}")
+
+    async def alive(self) -> bool:
+        from daytona import DaytonaNotFoundError
+
+        try:
+            await self._sb.refresh_data()
+        except DaytonaNotFoundError:
+            return False
+        except Exception as exc:
+            raise translate(exc, "refresh", self.id) from exc
+        if _state(self._sb) != "started":
+            return False
+        if self._provider.keep_alive:
+            # An idle pool member must not reach Daytona's inactivity auto-stop between steps.
+            try:
+                await self._sb.refresh_activity()
+            except Exception as exc:
+                log.debug("could not refresh the activity of sandbox %s: %r", self.id, exc)
+        return True
+
+
+# -- provider -----------------------------------------------------------------------------------
+
+
+class DaytonaProvider:
+    """Daytona sandboxes.
+
+    Settings (``sandbox_provider_settings``; numbers may be given as strings):
+
+    * ``api_key``, ``api_url``, ``target``, ``jwt_token``, ``organization_id``: the SDK's own
+      configuration; unset values come from ``DAYTONA_API_KEY``, ``DAYTONA_API_URL``,
+      ``DAYTONA_TARGET``, ``DAYTONA_JWT_TOKEN``, ``DAYTONA_ORGANIZATION_ID``.
+    * ``snapshot``: the snapshot to start from (Daytona's default snapshot when unset); or
+      ``image``: a container image (``SandboxSpec.image`` takes precedence), built by Daytona.
+      ``cpu``, ``memory`` (GiB), ``disk`` (GiB) apply to images only (a snapshot fixes its resources);
+      without them an image sandbox gets ``ceil(spec.cpus)`` CPUs and ``ceil(spec.memory_mb / 1024)`` GiB.
+    * ``auto_stop_interval`` (minutes of inactivity before Daytona stops the sandbox; 15, 0 = never),
+      ``ephemeral`` (delete as soon as it stops; True), ``keep_alive`` (health checks refresh the
+      activity of idle sandboxes; True). ``ttl_minutes`` always comes from ``SandboxSpec.lifetime_s``.
+    * ``work_dir`` (``/tmp/trl-sandbox/work``; ``{id}`` is replaced by the sandbox id),
+      ``rlimits`` (apply ``SandboxSpec.limits`` with ``prlimit``; True), ``os_user``,
+      ``language`` (the SDK's code-toolbox language label; ``python``), ``network_allow_list``
+      (CIDRs reachable when ``SandboxSpec.network`` is on), ``create_timeout_s`` (90; keep it below
+      the pool's create deadline so a late sandbox is deleted here), ``max_concurrency``,
+      ``connection_pool_maxsize`` (250).
+    """
+
+    name = "daytona"
+
+    def __init__(
+        self,
+        api_key: str | None = None,
+        api_url: str | None = None,
+        target: str | None = None,
+        jwt_token: str | None = None,
+        organization_id: str | None = None,
+        *,
+        snapshot: str | None = None,
+        image: str | None = None,
+        cpu: int | None = None,
+        memory: int | None = None,
+        disk: int | None = None,
+        auto_stop_interval: int = 15,
+        ephemeral: bool = True,
+        keep_alive: bool = True,
+        work_dir: str = "/tmp/trl-sandbox/work",
+        rlimits: bool = True,
+        os_user: str | None = None,
+        language: str = "python",
+        network_allow_list: str | None = None,
+        create_timeout_s: float = 90.0,
+        max_concurrency: int | None = None,
+        connection_pool_maxsize: int | None = 250,
+    ) -> None:
+        if not (api_key or _env("DAYTONA_API_KEY")) and not (
+            (jwt_token or _env("DAYTONA_JWT_TOKEN")) and (organization_id or _env("DAYTONA_ORGANIZATION_ID"))
+        ):
+            raise ConfigError(f"the daytona sandbox provider needs credentials: {KEY_HINT}")
+        if snapshot and image:
+            raise ConfigError("daytona provider settings snapshot and image exclude each other; set one")
+        if not work_dir.startswith("/") or posixpath.normpath(work_dir) == "/":
+            raise ConfigError(f"daytona provider setting work_dir={work_dir!r} must be an absolute path below /")
+        self._config = dict(api_key=api_key or None, api_url=api_url or None, target=target or None,
+                            jwt_token=jwt_token or None, organization_id=organization_id or None,
+                            connection_pool_maxsize=_number("connection_pool_maxsize", connection_pool_maxsize, int, 1))
+        self.snapshot = snapshot or None
+        self.image = image or None
+        self.cpu = _number("cpu", cpu, int, 1)
+        self.memory = _number("memory", memory, int, 1)
+        self.disk = _number("disk", disk, int, 1)
+        self.auto_stop_interval = _number("auto_stop_interval", auto_stop_interval, int, 0)
+        self.ephemeral = _flag("ephemeral", ephemeral)
+        self.keep_alive = _flag("keep_alive", keep_alive)
+        self.work_dir = posixpath.normpath(work_dir)
+        self.rlimits = _flag("rlimits", rlimits)
+        self.os_user = os_user or None
+        self.language = language
+        self.network_allow_list = network_allow_list or None
+        self.create_timeout_s = _number("create_timeout_s", create_timeout_s, float, 1)
+        self.capabilities = Capabilities(
+            network_isolation=True,
+            files=True,
+            persistent_state=True,
+            separate_stderr=False,  # Daytona's process.exec merges stderr into stdout
+            max_concurrency=_number("max_concurrency", max_concurrency, int, 1),
+            fast_python=False,
+        )
+        self._sdk: Any = None
+        self._sdk_loop: asyncio.AbstractEventLoop | None = None
+        self._owned: dict[str, Any] = {}
+        self._cleanups: set[asyncio.Task] = set()
+
+    def work_dir_for(self, sandbox_id: str) -> str:
+        return self.work_dir.replace("{id}", sandbox_id)
+
+    async def client(self) -> Any:
+        """The ``AsyncDaytona`` client, created on first use on the running (pool) loop."""
+        loop = asyncio.get_running_loop()
+        if self._sdk is not None and self._sdk_loop is loop:
+            return self._sdk
+        from daytona import AsyncDaytona, DaytonaConfig, DaytonaError
+
+        try:
+            self._sdk = AsyncDaytona(DaytonaConfig(**self._config))
+        except DaytonaError as exc:
+            raise translate(exc, "connecting") from exc
+        self._sdk_loop = loop
+        self._owned.clear()  # objects of a client bound to an earlier (stopped) loop
+        return self._sdk
+
+    def params(self, spec: SandboxSpec) -> Any:
+        """The SDK's create parameters for ``spec``."""
+        from daytona import CreateSandboxFromImageParams, CreateSandboxFromSnapshotParams, Resources
+
+        common: dict[str, Any] = dict(
+            language=self.language,
+            labels={str(k): str(v) for k, v in spec.tags.items()},
+            env_vars={str(k): str(v) for k, v in spec.env.items()} or None,
+            network_block_all=not spec.network,
+            auto_stop_interval=self.auto_stop_interval,
+            ttl_minutes=max(1, math.ceil(spec.lifetime_s / 60)),
+            ephemeral=self.ephemeral or None,
+            os_user=self.os_user,
+        )
+        if spec.network and self.network_allow_list:
+            common["network_allow_list"] = self.network_allow_list
+        image = spec.image or self.image
+        if image:
+            resources = Resources(
+                cpu=self.cpu or max(1, math.ceil(spec.cpus)),
+                memory=self.memory or max(1, math.ceil(spec.memory_mb / 1024)),
+                disk=self.disk,
+            )
+            return CreateSandboxFromImageParams(image=image, resources=resources, **common)
+        return CreateSandboxFromSnapshotParams(snapshot=self.snapshot, **common)
+
+    async def create(self, spec: SandboxSpec) -> DaytonaSandbox:
+        from daytona import DaytonaTimeoutError
+
+        client = await self.client()
+        try:
+            sdk_sandbox = await client.create(self.params(spec), timeout=self.create_timeout_s)
+        except DaytonaTimeoutError as exc:
+            late = getattr(exc, "sandbox_id", None)
+            if late:
+                # Daytona made it but it did not start in time: delete it, or it leaks until its TTL.
+                await self._delete_quietly(late)
+            raise InfraError(f"Daytona: creating a sandbox timed out: {exc}") from exc
+        except Exception as exc:
+            raise translate(exc, "create") from exc
+        self._owned[sdk_sandbox.id] = sdk_sandbox
+        sandbox = DaytonaSandbox(self, sdk_sandbox, spec)
+        try:
+            await sandbox._prepare()
+        except BaseException:
+            self._owned.pop(sandbox.id, None)
+            self._cleanup_later(sandbox.id)
+            raise
+        return sandbox
+
+    def _cleanup_later(self, sandbox_id: str) -> None:
+        """Delete in the background (safe to call from a cancelled create); ``aclose`` waits for it."""
+        task = asyncio.get_running_loop().create_task(self._delete_quietly(sandbox_id))
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
+
+    async def _delete_quietly(self, sandbox_id: str) -> None:
+        try:
+            await asyncio.wait_for(self.destroy(sandbox_id), 30)
+        except Exception as exc:
+            log.warning("could not delete Daytona sandbox %s (it ends with its TTL): %r", sandbox_id, exc)
+
+    async def list(self, tags: Mapping[str, str]) -> list[SandboxInfo]:
+        from daytona import ListSandboxesQuery
+
+        client = await self.client()
+        found = []
+        try:
+            async for sdk_sandbox in client.list(ListSandboxesQuery(labels=dict(tags) or None)):
+                state = _state(sdk_sandbox)
+                if state in _GONE_STATES:
+                    continue
+                labels = {k: v for k, v in (sdk_sandbox.labels or {}).items() if k != LANGUAGE_LABEL}
+                found.append(SandboxInfo(sdk_sandbox.id, labels, state, _timestamp(sdk_sandbox.created_at)))
+        except Exception as exc:
+            raise translate(exc, "list") from exc
+        return found
+
+    async def destroy(self, sandbox_id: str) -> None:
+        from daytona import DaytonaNotFoundError
+
+        client = await self.client()
+        sdk_sandbox = self._owned.pop(sandbox_id, None)
+        try:
+            if sdk_sandbox is None:
+                sdk_sandbox = await client.get(sandbox_id)
+            await sdk_sandbox.delete()
+        except DaytonaNotFoundError:
+            return  # already gone
+        except Exception as exc:
+            if _status(exc) == 404:
+                return
+            raise translate(exc, f"deleting sandbox {sandbox_id}") from exc
+
+    async def aclose(self) -> None:
+        if self._cleanups:
+            await asyncio.gather(*list(self._cleanups), return_exceptions=True)
+        sdk, self._sdk, self._sdk_loop = self._sdk, None, None
+        self._owned.clear()
+        if sdk is not None:
+            await sdk.close()
