@@ -370,3 +370,16 @@ def test_the_sigchld_code_path_of_older_interpreters():
         r = box.py("import signal, subprocess\nsubprocess.run(['true'])\nprint(signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL)")
         assert r.stdout == "True\n" and r.stderr == ""
         clean_after(box, r)
+
+
+def test_symlinks_left_by_a_program_do_not_lead_host_file_operations_out(box):
+    r = box.exec(["sh", "-c", "ln -s /proc/1/mem mem && ln -s /etc etc && ln -s /tmp tmp && mkdir -p d && ln -s ../.. d/up"])
+    assert r.exit_code == 0, r
+    for path in ("mem", "etc/passwd", "tmp/x", "d/up/etc/hosts"):
+        with pytest.raises(PermissionError):
+            box.read(path)
+        with pytest.raises(PermissionError):
+            box.write(path, b"x")
+    box.write("d/inside.txt", b"fine")  # ordinary paths still work
+    assert box.read("d/inside.txt") == b"fine"
+    box.reset()

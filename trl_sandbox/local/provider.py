@@ -27,6 +27,9 @@ Inside, ``supervisor.py`` runs as PID 1 and serves requests over the container's
 * After every exec, every process it left behind is killed (``kill(-1)`` from PID 1 reaches
   double-forked and ``setsid`` processes), and SysV IPC objects are removed; files persist until
   ``reset()``, which also empties ``/work``, ``/tmp`` and ``/dev/shm``.
+* Files: ``write_file``/``read_file`` take paths relative to ``/work`` (absolute ones must be
+  inside it). A path that escapes it raises ``ValueError``; one that escapes through a symlink a
+  program left behind raises ``PermissionError``; a missing file ``FileNotFoundError``.
 * If the sandbox dies during an exec, that exec returns ``exit_code=None`` with an explanation in
   stderr, and every later call raises ``InfraError``. If the host itself stopped it (``destroy``,
   lifetime expiry), the exec raises ``InfraError``. Sandboxed code cannot kill the supervisor

@@ -699,9 +699,16 @@ def run_child(job):
 
 
 def confined(path):
+    """``path`` under the work directory, also once symlinks are resolved.
+
+    Programs may leave symlinks in the work directory (to ``/proc/1/mem``, say); the host's
+    file operations must not follow them out. No program runs while the host reads or writes
+    files (leftovers are killed after every exec), so the check cannot be raced.
+    """
     full = os.path.normpath(os.path.join(WORK, path))
-    if "\0" in path or not (full == WORK or full.startswith(WORK + "/")):
-        raise PermissionError(errno.EACCES, "path escapes the work directory", path)
+    for candidate in (full, os.path.realpath(full)):
+        if "\0" in path or not (candidate == WORK or candidate.startswith(WORK + "/")):
+            raise PermissionError(errno.EACCES, "path escapes the work directory", path)
     return full
 
 
