@@ -383,3 +383,20 @@ def test_symlinks_left_by_a_program_do_not_lead_host_file_operations_out(box):
     box.write("d/inside.txt", b"fine")  # ordinary paths still work
     assert box.read("d/inside.txt") == b"fine"
     box.reset()
+
+
+def test_fifos_and_devices_left_by_a_program_do_not_hang_the_supervisor(box):
+    r = box.exec(["sh", "-c", "mkfifo pipe.py && ln -s /dev/zero zero.py && ln -s /proc/1/fd/0 ctl.py"])
+    assert r.exit_code == 0, r
+    for name in ("pipe.py", "zero.py"):
+        with pytest.raises(OSError):
+            box.read(name)
+        with pytest.raises(OSError):
+            box.write(name, b"x")
+    start = time.monotonic()
+    r = box.exec(["python3", "pipe.py"], timeout=1)  # the real interpreter blocks on the FIFO
+    assert r.timed_out
+    assert box.exec(["python3", "ctl.py"], timeout=2).exit_code != 0  # not the supervisor's channel
+    assert time.monotonic() - start < 6
+    clean_after(box, r)
+    box.reset()

@@ -47,6 +47,7 @@ import os
 import resource
 import select
 import signal
+import stat
 import struct
 import sys
 import time
@@ -322,10 +323,9 @@ def python_plan(argv, stdin, cwd, env):
     script = argv[i]
     path = os.path.normpath(os.path.join(WORK, cwd or "", script))
     try:
-        with open(path, "rb") as f:
-            source = f.read()
+        source = read_regular(path)
     except OSError:
-        return None  # let the real interpreter report it in its own words
+        return None  # let the real interpreter report it (or read the FIFO) in its own words
     return (source, path, argv[i:], None if isolated else os.path.dirname(path), unbuffered, stdin)
 
 
@@ -698,6 +698,24 @@ def run_child(job):
 # -- files and reset -------------------------------------------------------------------------
 
 
+def open_regular(path, flags, mode=0o644):
+    """Open a regular file without blocking: a FIFO or device a program left must not hang us."""
+    fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_regular(path):
+    with open(open_regular(path, os.O_RDONLY), "rb") as f:
+        return f.read()
+
+
 def confined(path):
     """``path`` under the work directory, also once symlinks are resolved.
 
@@ -716,8 +734,9 @@ def do_write(request):
     _, path, data, mode = request
     full = confined(path)
     os.makedirs(os.path.dirname(full), exist_ok=True)
-    fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+    fd = open_regular(full, os.O_WRONLY | os.O_CREAT, mode)
     try:
+        os.ftruncate(fd, 0)
         write_all(fd, data)
         os.fchmod(fd, mode)
     finally:
@@ -726,9 +745,7 @@ def do_write(request):
 
 
 def do_read(request):
-    with open(confined(request[1]), "rb") as f:
-        data = f.read()
-    reply(K_DATA, part1=data)
+    reply(K_DATA, part1=read_regular(confined(request[1])))
 
 
 def wipe(top, mode):
