@@ -592,9 +592,10 @@ def run_exec_child(job):
     apply_limits()
     try:
         os.execvpe(argv[0], argv, os.environ)
-    except OSError as exc:
-        child_fail(f"cannot execute {argv[0]!r}: {exc.strerror}",
-                   EXIT_NOT_FOUND if exc.errno == errno.ENOENT else EXIT_CANNOT_RUN)
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in argv or env
+        reason = exc.strerror if isinstance(exc, OSError) else str(exc)
+        child_fail(f"cannot execute {argv[0]!r}: {reason}",
+                   EXIT_NOT_FOUND if getattr(exc, "errno", None) == errno.ENOENT else EXIT_CANNOT_RUN)
 
 
 def run_python_child(job):
@@ -688,10 +689,13 @@ def run_child(job):
     # (frozen objects are not in gc.get_objects() either).
     global CACHE
     CACHE = None
-    if job[0] is None:
-        run_exec_child(job)
-    else:
-        run_python_child(job)
+    try:
+        if job[0] is None:
+            run_exec_child(job)
+        else:
+            run_python_child(job)
+    except BaseException as exc:  # a failure of the setup itself: never fall back into the supervisor
+        child_fail(f"cannot start the program: {exc!r}", EXIT_CANNOT_RUN)
     os._exit(EXIT_CANNOT_RUN)
 
 
