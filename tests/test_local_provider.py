@@ -373,3 +373,17 @@ def test_compiled_code_follows_the_source(box):
     for _ in range(3):  # a cached syntax error is reported like a fresh one
         r = box.py("x = (")
         assert r.exit_code == 1 and "SyntaxError" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("flags", [[], ["-u"]])
+def test_forked_interpreter_looks_like_a_fresh_one(box, flags):
+    probe = (
+        "import sys\n"
+        "s = (sys.stdin, sys.stdout, sys.stderr)\n"
+        "print([(f.name, f.encoding, f.errors, f.line_buffering, f.write_through, f.seekable(), f.isatty(),"
+        " type(f.buffer).__name__) for f in s], sys.argv, sys.path[1:], __name__, sys.stdin is sys.__stdin__)"
+    )
+    fresh = box.exec(["python3", "-O", *flags, "-c", probe, "x"], stdin="in")  # -O: a real interpreter start
+    forked = box.exec(["python3", *flags, "-c", probe, "x"], stdin="in")
+    assert forked.ok and fresh.ok
+    assert forked.stdout == fresh.stdout

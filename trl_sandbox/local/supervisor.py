@@ -204,8 +204,20 @@ def configure(config):
     # interpreter chose from the sandbox's environment, as a fresh interpreter would.
     ORIGINAL_STDIO = (sys.stdin, sys.stdout, sys.stderr, sys.__stdin__, sys.__stdout__, sys.__stderr__)
     stdio = [(f.encoding, f.errors) for f in ORIGINAL_STDIO[3:]]
-    STREAMS[False] = make_streams(stdio, False)
-    STREAMS[True] = make_streams(stdio, True)
+    # They are made while fds 1 and 2 are pipes, as in a child, so that what they find out about
+    # their descriptors once (seekable or not) is true there.
+    pipe_r, pipe_w = os.pipe()
+    saved_stderr = os.dup(2)
+    os.dup2(pipe_w, 1)
+    os.dup2(pipe_w, 2)
+    try:
+        STREAMS[False] = make_streams(stdio, False)
+        STREAMS[True] = make_streams(stdio, True)
+    finally:
+        os.dup2(DEVNULL, 1)
+        os.dup2(saved_stderr, 2)
+        for fd in (pipe_r, pipe_w, saved_stderr):
+            os.close(fd)
     RLIMITS[:] = rlimits(config["limits"])
     # A second reference to the compile cache that nothing in Python can reach (see run_child).
     import ctypes
@@ -266,7 +278,7 @@ def rlimits(lim):
 def make_streams(stdio, unbuffered):
     import io
 
-    streams = []
+    streams = []  # the same classes and settings as the interpreter's own create_stdio()
     for fd, (encoding, errors) in enumerate(stdio):
         raw = io.FileIO(fd, "r" if fd == 0 else "w", closefd=False)
         raw.name = ("<stdin>", "<stdout>", "<stderr>")[fd]
@@ -276,8 +288,8 @@ def make_streams(stdio, unbuffered):
             buf = raw
         else:
             buf = io.BufferedWriter(raw)
-        streams.append(io.TextIOWrapper(buf, encoding=encoding, errors=errors, line_buffering=(fd == 2),
-                                        write_through=unbuffered and fd != 0))
+        streams.append(io.TextIOWrapper(buf, encoding=encoding, errors=errors,
+                                        line_buffering=(fd == 2 and not unbuffered), write_through=unbuffered))
     return tuple(streams)
 
 
