@@ -58,6 +58,7 @@ class FakeDaytona:
         self.calls: list[tuple[str, str | None]] = []  # (route, sandbox id)
         self.faults: dict[str, list[Fault]] = {}
         self.stuck_creates = 0
+        self.spawned: list = []  # every process started, killed at stop()
         self.lock = threading.Lock()
         self._ids = itertools.count(1)
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
@@ -83,8 +84,12 @@ class FakeDaytona:
         self.server.shutdown()
         self.server.server_close()
         with self.lock:
-            for sandbox in self.sandboxes.values():
-                _kill_all(sandbox)
+            for proc in self.spawned:
+                if proc.returncode is None:
+                    try:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
 
     def fail(self, route: str, status: int, times: int = 1, headers: dict | None = None, message: str = "",
              match: str | None = None) -> None:
@@ -314,6 +319,7 @@ class _Handler(BaseHTTPRequestHandler):
                                 stderr=subprocess.STDOUT, cwd=cwd, env=env, start_new_session=True)
         with self.fake.lock:
             sandbox.procs.add(proc)
+            self.fake.spawned.append(proc)
         try:
             out, _ = proc.communicate(request.get("command", "").encode(), timeout=timeout)
         except subprocess.TimeoutExpired:
