@@ -375,15 +375,39 @@ def test_compiled_code_follows_the_source(box):
         assert r.exit_code == 1 and "SyntaxError" in r.stderr and "Traceback" not in r.stderr
 
 
-@pytest.mark.parametrize("flags", [[], ["-u"]])
-def test_forked_interpreter_looks_like_a_fresh_one(box, flags):
-    probe = (
-        "import sys\n"
-        "s = (sys.stdin, sys.stdout, sys.stderr)\n"
-        "print([(f.name, f.encoding, f.errors, f.line_buffering, f.write_through, f.seekable(), f.isatty(),"
-        " type(f.buffer).__name__) for f in s], sys.argv, sys.path[1:], __name__, sys.stdin is sys.__stdin__)"
-    )
-    fresh = box.exec(["python3", "-O", *flags, "-c", probe, "x"], stdin="in")  # -O: a real interpreter start
-    forked = box.exec(["python3", *flags, "-c", probe, "x"], stdin="in")
-    assert forked.ok and fresh.ok
+PROBE = (
+    "import os, signal, sys\n"
+    "s = (sys.stdin, sys.stdout, sys.stderr)\n"
+    "print([(f.name, f.encoding, f.errors, f.line_buffering, f.write_through, f.seekable(), f.isatty(),"
+    " type(f.buffer).__name__) for f in s], sys.argv, sys.path, __name__, sys.stdin is sys.__stdin__,"
+    " sorted(globals()), type(__loader__).__name__, globals().get('__file__'), globals().get('__cached__'),"
+    " [signal.getsignal(n) for n in (signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD, signal.SIGTERM)],"
+    " os.getcwd(), os.getpgid(0) == os.getpid(), sorted(os.environ))\n"
+)
+
+
+@pytest.mark.parametrize("form", ["-c", "-u -c", "-I -c", "script", "stdin"])
+def test_forked_interpreter_looks_like_a_fresh_one(box, form):
+    box.write("probe.py", PROBE)
+    tail = {"script": ["probe.py", "x"], "stdin": ["-", "x"]}.get(form, [PROBE, "x"])
+    flags = form.split()[:-1] if form.endswith("-c") else []
+    if form.endswith("-c"):
+        tail = ["-c", *tail]
+    stdin = PROBE if form == "stdin" else "in"
+    fresh = box.exec(["python3", "-O", *flags, *tail], stdin=stdin)  # -O: a real interpreter start
+    forked = box.exec(["python3", *flags, *tail], stdin=stdin)
+    assert forked.ok and fresh.ok, (forked, fresh)
     assert forked.stdout == fresh.stdout
+
+
+def test_which_argv_forms_take_the_fork_server(box):
+    probe = "import sys; print('typing' in sys.modules)"  # pre-imported only in the fork server
+    box.write("p.py", probe)
+    forked = [["python3", "-c", probe], ["python", "-I", "-c", probe], ["/usr/bin/python3", "-uc", probe],
+              ["python3", "p.py"], ["python3", "-B", "-s", "p.py"], ["python3", "-"], ["python3"]]
+    fresh = [["python3", "-O", "-c", probe], ["python3", "-X", "dev", "-c", probe], ["python3", "-W", "ignore", "p.py"]]
+    for argv in forked:
+        assert box.exec(argv, stdin=probe).stdout == "True\n", argv
+    for argv in fresh:
+        assert box.exec(argv, stdin=probe).stdout == "False\n", argv
+    assert box.exec(["python3", "-c", probe], env={"PYTHONHASHSEED": "0"}).stdout == "False\n"

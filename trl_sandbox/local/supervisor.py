@@ -618,10 +618,19 @@ def run_python_child(job):
     sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__ = STREAMS[unbuffered]
     sys.argv = sys_argv
     sys.path = BASE_PATH if path0 is None else [path0] + BASE_PATH
-    main = type(sys)("__main__")
-    main.__builtins__ = builtins
-    if filename[0] != "<":
-        main.__file__ = filename
+    main = type(sys)("__main__")  # with the attributes the interpreter gives its __main__
+    namespace = main.__dict__
+    namespace["__annotations__"] = {}
+    namespace["__builtins__"] = builtins
+    if filename == "<string>":
+        namespace["__loader__"] = sys.modules["_frozen_importlib"].BuiltinImporter
+    else:
+        namespace["__file__"] = filename
+        namespace["__cached__"] = None
+        if filename == "<stdin>":
+            namespace["__loader__"] = sys.modules["_frozen_importlib"].BuiltinImporter
+        else:
+            namespace["__loader__"] = sys.modules["_frozen_importlib_external"].SourceFileLoader("__main__", filename)
     sys.modules["__main__"] = main
     _signal.signal(_signal.SIGINT, _signal.default_int_handler)
     PRCTL(PR_SET_DUMPABLE, 1, 0, 0, 0)  # as after execve: its own /proc/self is its own again
@@ -635,7 +644,7 @@ def run_python_child(job):
         elif isinstance(code, BaseException):
             raise code
         del job, source
-        exec(code, main.__dict__)
+        exec(code, namespace)
     except SystemExit as exc:
         status = exit_status(exc)
     except BaseException as exc:
