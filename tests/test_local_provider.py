@@ -283,7 +283,7 @@ def test_supervisor_killed_from_outside_is_an_error_result_then_infra_errors(hos
     box = host.create()
     supervisor = box.supervisor_pid()
     fut = host.loop.submit(box.sandbox.exec(["python3", "-c", "import time; time.sleep(10)"], timeout=20))
-    time.sleep(0.3)
+    assert wait_for(lambda: len(box.namespace_members()) == 2), "the program should be running"
     os.kill(supervisor, signal.SIGKILL)
     r = fut.result(10)
     assert r.exit_code is None and "died" in r.stderr and not r.ok
