@@ -155,10 +155,17 @@ def translate(exc: BaseException, what: str, sandbox_id: str | None = None) -> S
 
 
 def _is_exec_timeout(exc: BaseException) -> bool:
-    from cwsandbox import SandboxTimeoutError
+    """True when the command ran out of time: the exec RPC's deadline, or the service's command timeout.
 
-    # The SDK raises the same class when the service never signalled that stdin may be sent.
-    return isinstance(exc, SandboxTimeoutError) and "stdin ready" not in str(exc)
+    The SDK raises ``SandboxTimeoutError`` for other waits too (connecting, the sandbox becoming ready,
+    the service never signalling that stdin may be sent): those are infrastructure failures.
+    """
+    from cwsandbox import SandboxCommandTimeoutError, SandboxRequestTimeoutError, SandboxTimeoutError
+
+    if isinstance(exc, SandboxCommandTimeoutError):
+        return True
+    return (isinstance(exc, SandboxTimeoutError) and not isinstance(exc, SandboxRequestTimeoutError)
+            and "timed out after" in str(exc))
 
 
 # -- sandbox ------------------------------------------------------------------------------------

@@ -259,7 +259,7 @@ def test_error_mapping(fake, provider):
         errors = {}
         for status, headers, message in [
             (429, {"Retry-After-sandbox-lifecycle": "2", "Retry-After-authenticated": "0.5"}, ""),
-            (500, {}, ""), (503, {}, ""), (403, {}, "Total CPU limit exceeded. Maximum allowed: 10"),
+            (500, {}, ""), (503, {}, ""), (504, {}, ""), (403, {}, "Total CPU limit exceeded. Maximum allowed: 10"),
         ]:
             fake.fail("exec", status, headers=headers, message=message)
             try:
@@ -286,6 +286,7 @@ def test_error_mapping(fake, provider):
     errors, alive = run(closing(p, go()))
     assert isinstance(errors[429], RateLimitError) and errors[429].retry_after == 2.0  # the longest wait
     assert type(errors[500]) is InfraError and type(errors[503]) is InfraError
+    assert type(errors[504]) is InfraError  # a gateway timeout is not the program's timeout
     assert isinstance(errors[403], QuotaError) and isinstance(errors["create-quota"], QuotaError)
     assert isinstance(errors["create-bad"], ConfigError)
     assert type(errors["vanished"]) is InfraError and "vanished" in str(errors["vanished"])

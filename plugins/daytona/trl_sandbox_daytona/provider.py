@@ -183,12 +183,16 @@ def translate(exc: BaseException, what: str, sandbox_id: str | None = None) -> S
 
 
 def _is_exec_timeout(exc: BaseException) -> bool:
-    """True for the daemon's answer that the command ran out of time (HTTP 408), not for transport timeouts."""
-    from daytona import DaytonaConnectionError, DaytonaTimeoutError
+    """True for the daemon's answer that the command ran out of time (HTTP 408).
+
+    Not for transport timeouts (``DaytonaConnectionTimeoutError``) nor a gateway's 504: those are
+    infrastructure failures, never the program's.
+    """
+    from daytona import DaytonaConnectionError, DaytonaProcessExecutionTimeoutError
 
     if isinstance(exc, DaytonaConnectionError):
         return False
-    return _status(exc) == 408 or (isinstance(exc, DaytonaTimeoutError) and _status(exc) in (None, 408))
+    return _status(exc) == 408 or isinstance(exc, DaytonaProcessExecutionTimeoutError)
 
 
 def _state(sdk_sandbox: Any) -> str:
