@@ -490,13 +490,16 @@ class LocalSandbox:
 
     # -- transport -----------------------------------------------------------------------------
 
-    async def _call(self, request: tuple, deadline: float | None) -> tuple[int, int, int, float, bytes, bytes]:
-        """Send one request and read its answer: (kind, flags, code, duration, part1, part2)."""
+    async def _call(
+        self, request: tuple, deadline: float | None, raw: bytes = b""
+    ) -> tuple[int, int, int, float, bytes, bytes]:
+        """Send one request (plus a raw frame, for an exec's stdin) and read its answer:
+        (kind, flags, code, duration, part1, part2)."""
         payload = marshal.dumps(request, MARSHAL_VERSION)
         watchdog = None
         try:
-            self._writer.write(LENGTH.pack(len(payload)) + payload)
-            if len(payload) > 1 << 16:
+            self._writer.write(LENGTH.pack(len(payload)) + payload + raw)
+            if len(payload) + len(raw) > 1 << 16:
                 await self._writer.drain()
             if deadline is not None:
                 watchdog = asyncio.get_running_loop().call_later(deadline, self._hung, deadline)
@@ -583,12 +586,13 @@ class LocalSandbox:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         if env:
             env = {str(k): str(v) for k, v in env.items()}
-        request = (_proto.OP_EXEC, argv, stdin, float(timeout), cwd, env or None)
+        stdin = stdin or b""
+        request = (_proto.OP_EXEC, argv, len(stdin), float(timeout), cwd, env or None)
         async with self._lock:
             self._check()
             started = time.monotonic()
             try:
-                kind, flags, code, duration, out, err = await self._call(request, timeout + self._grace)
+                kind, flags, code, duration, out, err = await self._call(request, timeout + self._grace, stdin)
             except _Died as exc:
                 if exc.by_host:
                     raise InfraError(f"sandbox {self.id} was stopped during an exec: {exc}") from None

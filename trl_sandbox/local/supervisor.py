@@ -7,8 +7,10 @@ every request arrive over stdin, and every answer leaves over stdout.
 Protocol (integers little-endian):
 
 * host -> supervisor: ``u32 length`` + ``marshal`` dump (version 4) of a tuple whose first item
-  is an opcode: ``(CONFIG, dict)`` once, first; ``(EXEC, argv, stdin|None, timeout_s, cwd|None,
-  env|None)``; ``(WRITE, path, data, mode)``; ``(READ, path)``; ``(RESET,)``; ``(PING,)``.
+  is an opcode: ``(CONFIG, dict)`` once, first; ``(EXEC, argv, stdin_len, timeout_s, cwd|None,
+  env|None)`` followed by ``stdin_len`` raw bytes of stdin (spliced straight into a memfd, never
+  held in the supervisor's memory); ``(WRITE, path, data, mode)``; ``(READ, path)``;
+  ``(RESET,)``; ``(PING,)``.
 * supervisor -> host: a fixed 24-byte header ``kind:u8 flags:u8 pad:2 code:i32 duration:f64
   len1:u32 len2:u32`` followed by ``len1 + len2`` bytes. ``kind`` is ``K`` (ok; the first one,
   sent once the configuration is applied, carries the interpreter version), ``R`` (an exec
@@ -94,7 +96,6 @@ CACHE_MAX_ENTRIES = 512
 STATUS = None  # one shared byte: 1 when a forked Python child died of an uncaught MemoryError
 LIBC = None
 PRCTL = None
-READER = None
 
 
 def _noop(signum, frame):
@@ -120,15 +121,80 @@ def reply(kind, flags=0, code=0, duration=0.0, part1=b"", part2=b""):
     write_all(CTL_OUT, b"".join((HEADER.pack(kind, flags, code, duration, len(part1), len(part2)), part1, part2)))
 
 
+def read_exact(n):
+    """Exactly ``n`` bytes from the host, or None at end of file. Unbuffered on purpose: a
+    read-ahead buffer would swallow the start of the raw stdin frame that follows an exec."""
+    chunks = []
+    while n > 0:
+        chunk = os.read(CTL_IN, n)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
 def read_request():
-    head = READER.read(4)
-    if len(head) < 4:
+    head = read_exact(4)
+    if head is None:
         return None
     (size,) = LENGTH.unpack(head)
-    body = READER.read(size)
-    if len(body) < size:
+    body = read_exact(size)
+    if body is None:
         return None
     return marshal.loads(body)
+
+
+SCRUB = None  # a reusable buffer, zeroed after every use, for kernels or Pythons without splice
+
+
+def receive_stdin(n):
+    """Move the ``n`` raw stdin bytes that follow an exec request into a fresh memfd.
+
+    They never become a Python object here: os.splice moves them from the host pipe to the
+    memfd inside the kernel. Every program is forked from this process, so anything kept in
+    its memory (a judge's nonce, a dataset's hidden tests) would be readable by the next one.
+    """
+    global SCRUB
+    fd = os.memfd_create("stdin", os.MFD_CLOEXEC)
+    left = n
+    splice = getattr(os, "splice", None)
+    while left > 0:
+        moved = 0
+        if splice is not None:
+            try:
+                moved = splice(CTL_IN, fd, left)
+            except OSError:
+                splice = None
+                continue
+        else:
+            if SCRUB is None:
+                SCRUB = bytearray(1 << 16)
+            view = memoryview(SCRUB)[: min(left, len(SCRUB))]
+            try:
+                moved = os.readv(CTL_IN, [view])
+                write_all(fd, view[:moved])
+            finally:
+                view[:] = bytes(len(view))
+                view.release()
+        if moved <= 0:
+            os.close(fd)
+            raise EOFError("the host channel ended inside a stdin frame")
+        left -= moved
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def read_fd(fd):
+    chunks = []
+    while True:
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+READ_STDIN = "\0read-stdin\0"  # python_plan's marker for "the program itself comes on stdin"
 
 
 # -- start-up --------------------------------------------------------------------------------
@@ -136,7 +202,7 @@ def read_request():
 
 def startup():
     """Move the host channel off fds 0/1, become non-dumpable, and apply the configuration."""
-    global CTL_IN, CTL_OUT, DEVNULL, WAKE_R, WAKE_W, FD_LIMIT, READER, USE_PIDFD, PRCTL
+    global CTL_IN, CTL_OUT, DEVNULL, WAKE_R, WAKE_W, FD_LIMIT, USE_PIDFD, PRCTL
     CTL_IN, CTL_OUT = os.dup(0), os.dup(1)  # dup() makes them non-inheritable across execve
     DEVNULL = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
     os.dup2(DEVNULL, 0)
@@ -163,7 +229,6 @@ def startup():
         except OSError:
             continue
         IPC_FILES.append((fd, len(os.pread(fd, 4096, 0)), kind))
-    READER = os.fdopen(CTL_IN, "rb", buffering=1 << 16, closefd=False)
     request = read_request()
     if not request or request[0] != OP_CONFIG:
         raise SystemExit("trl-sandbox supervisor: expected a configuration message")
@@ -379,21 +444,22 @@ def compiled(source, filename):
 
 def do_exec(request):
     """Run one exec. Returns None in the supervisor, and the job to run in the forked child."""
-    _, argv, stdin, timeout, cwd, env = request
+    _, argv, stdin_len, timeout, cwd, env = request
+    # The raw stdin frame follows the request: take it off the channel before anything else.
+    stdin_fd = receive_stdin(stdin_len) if stdin_len else DEVNULL
     if not argv:
+        if stdin_fd != DEVNULL:
+            os.close(stdin_fd)
         reply(K_RESULT, code=EXIT_NOT_FOUND, part2=b"trl-sandbox: empty argv\n")
         return None
-    plan = python_plan(argv, stdin, cwd, env)
+    plan = python_plan(argv, READ_STDIN if stdin_fd != DEVNULL else None, cwd, env)
     code = None
     if plan is not None:
+        if plan[0] is READ_STDIN:  # the program itself comes on stdin (not a secret of the judge)
+            plan = (read_fd(stdin_fd),) + plan[1:]
+            os.close(stdin_fd)
+            stdin_fd = DEVNULL
         code = compiled(plan[0], plan[1])
-        stdin = plan[5]
-    if stdin:
-        stdin_fd = os.memfd_create("stdin", os.MFD_CLOEXEC)
-        write_all(stdin_fd, stdin)
-        os.lseek(stdin_fd, 0, os.SEEK_SET)
-    else:
-        stdin_fd = DEVNULL
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     STATUS[0] = 0

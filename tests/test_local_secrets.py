@@ -1,0 +1,65 @@
+"""What a program can find in its own memory: nothing of any stdin it did not read itself.
+
+The judge sends a fresh nonce and (for hidden-test datasets) the tests on stdin. The fork
+server must never hold those bytes in memory that a forked program inherits, or a program could
+scan its own address space for them (ctypes or /proc/self/mem) and forge a verdict.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from trl_sandbox import SandboxSpec
+from trl_sandbox.local import LocalProvider
+
+SCAN = r"""
+import sys
+# The needles are never built whole in this process (that would put them in its memory):
+# each comes as two halves, and a find is the first half directly followed by the second.
+pairs = [(bytes.fromhex(sys.argv[i]), bytes.fromhex(sys.argv[i + 1])) for i in range(1, len(sys.argv), 2)]
+found = []
+with open("/proc/self/maps") as maps, open("/proc/self/mem", "rb", 0) as mem:
+    for line in maps:
+        addr, perms = line.split()[:2]
+        if "r" not in perms or "[vvar" in line or "[vsyscall" in line:
+            continue
+        lo, hi = (int(x, 16) for x in addr.split("-"))
+        try:
+            mem.seek(lo)
+            chunk = mem.read(hi - lo)
+        except OSError:
+            continue
+        for index, (head, tail) in enumerate(pairs):
+            at = chunk.find(head)
+            while at >= 0:
+                if chunk.startswith(tail, at + len(head)):
+                    found.append(str(index))
+                    break
+                at = chunk.find(head, at + 1)
+print(" ".join(sorted(set(found))) or "none")
+"""
+
+
+def test_a_program_cannot_find_stdin_it_never_read_in_its_memory():
+    async def scenario():
+        provider = LocalProvider()
+        sandbox = await provider.create(SandboxSpec())
+        try:
+            earlier = b"EARLIER-SECRET-" + os.urandom(16).hex().encode()
+            current = b"CURRENT-SECRET-" + os.urandom(16).hex().encode()
+            # A previous execution of the same sandbox got a secret on stdin ...
+            first = await sandbox.exec(["python3", "-c", "import sys; sys.stdin.buffer.read()"],
+                                       stdin=earlier, timeout=10)
+            assert first.exit_code == 0
+            # ... and this one gets another, which it does not read: it scans its memory instead.
+            halves = [h.hex() for secret in (earlier, current) for h in (secret[:20], secret[20:])]
+            result = await sandbox.exec(["python3", "-c", SCAN, *halves], stdin=current, timeout=20)
+            return result, earlier, current
+        finally:
+            await provider.aclose()
+
+    result, earlier, current = asyncio.run(scenario())
+    assert result.exit_code == 0, result.stderr
+    # "0": the earlier execution's stdin was found; "1": this execution's unread stdin was found.
+    assert result.stdout.split() == ["none"], f"found in memory: {result.stdout}"
