@@ -79,16 +79,19 @@ def task_sets() -> dict[str, Registration]:
     return _collect("trl_sandbox_register_tasks")
 
 
-def make_provider(name: str, settings: dict[str, Any] | None = None) -> Any:
-    """Build a provider by name; unknown names raise ``ConfigError`` listing what is installed."""
-    found = providers()
+def _lookup(kind: str, found: dict[str, Registration], name: str) -> Any:
     if name not in found:
         known = ", ".join(sorted(found)) or "none"
         raise ConfigError(
-            f"unknown sandbox provider {name!r}; installed providers: {known}. "
+            f"unknown {kind} {name!r}; installed {kind}s: {known}. "
             f"Install the plugin that provides it (e.g. `pip install trl-sandbox-{name}`)."
         )
-    factory: Callable[..., Any] = found[name].obj
+    return found[name].obj
+
+
+def make_provider(name: str, settings: dict[str, Any] | None = None) -> Any:
+    """Build a provider by name; unknown names raise ``ConfigError`` listing what is installed."""
+    factory: Callable[..., Any] = _lookup("sandbox provider", providers(), name)
     try:
         return factory(**(settings or {}))
     except TypeError as exc:
@@ -96,14 +99,8 @@ def make_provider(name: str, settings: dict[str, Any] | None = None) -> Any:
 
 
 def get_task_set(name: str) -> Any:
-    found = task_sets()
-    if name not in found:
-        known = ", ".join(sorted(found)) or "none"
-        raise ConfigError(
-            f"unknown task set {name!r}; installed task sets: {known}. "
-            f"Install the plugin that provides it (e.g. `pip install trl-sandbox-{name}`)."
-        )
-    return found[name].obj
+    """A registered task set by name; unknown names raise ``ConfigError`` listing what is installed."""
+    return _lookup("task set", task_sets(), name)
 
 
 def run_tags(run: Any) -> dict[str, str]:
