@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
 import os
-import time
 
-import grpc
-import pytest
-from coreweave_fake import API_KEY, FakeCoreWeave
+# Sandboxes a test leaves running keep a connection to the fake, and gRPC logs a GOAWAY line for each
+# when the fake stops. Read when gRPC is first imported.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
-from trl_sandbox import (
+import asyncio  # noqa: E402
+import hashlib  # noqa: E402
+import time  # noqa: E402
+
+import grpc  # noqa: E402
+import pytest  # noqa: E402
+from coreweave_fake import API_KEY, FakeCoreWeave  # noqa: E402
+
+from trl_sandbox import (  # noqa: E402
     ConfigError,
     InfraError,
     QuotaError,
@@ -19,10 +24,10 @@ from trl_sandbox import (
     SandboxSpec,
     load_tasks,
 )
-from trl_sandbox.builtin_tasks import SOLUTIONS
-from trl_sandbox.plugins import make_provider, providers
-from trl_sandbox.pool import PoolSettings, SandboxPool
-from trl_sandbox.scoring import Scorer
+from trl_sandbox.builtin_tasks import SOLUTIONS  # noqa: E402
+from trl_sandbox.plugins import make_provider, providers  # noqa: E402
+from trl_sandbox.pool import PoolSettings, SandboxPool  # noqa: E402
+from trl_sandbox.scoring import Scorer  # noqa: E402
 
 FAST = PoolSettings(backoff_initial_s=0.05, backoff_max_s=0.2, lease_timeout_s=20.0, create_timeout_s=20.0,
                     destroy_timeout_s=10.0, health_interval_s=3600.0)

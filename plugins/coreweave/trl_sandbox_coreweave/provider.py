@@ -311,7 +311,25 @@ class CoreWeaveSandbox:
         return status == SandboxStatus.RUNNING
 
     async def stop(self) -> None:
-        await self._sb.stop(graceful_shutdown_seconds=self._provider.stop_grace_s, missing_ok=True)
+        try:
+            await self._sb.stop(graceful_shutdown_seconds=self._provider.stop_grace_s, missing_ok=True)
+        finally:
+            await self.release()
+
+    async def release(self) -> None:
+        """Close this sandbox's gRPC channels now rather than whenever the SDK object is collected.
+
+        The SDK closes them only when a sandbox is used as a context manager; its (private) cleanup
+        coroutine runs on the SDK's own loop. Skipped quietly if a later SDK moved it.
+        """
+        cleanup = getattr(self._sb, "_cleanup_channels_async", None)
+        manager = getattr(self._sb, "_loop_manager", None)
+        if cleanup is None or manager is None:
+            return
+        try:
+            await asyncio.wrap_future(manager.run_async(cleanup()))
+        except Exception as exc:
+            log.debug("could not close the channels of sandbox %s: %r", self.id, exc)
 
 
 # -- provider -----------------------------------------------------------------------------------
@@ -365,7 +383,7 @@ class CoreWeaveProvider:
             if not key:
                 found = " (AVIATO_API_KEY is set, but it is no longer read: rename it)" if os.environ.get(
                     "AVIATO_API_KEY") else ""
-                raise ConfigError(f"the coreweave sandbox provider needs credentials{found}: {KEY_HINT}")
+                raise ConfigError(f"the {self.name} sandbox provider needs credentials{found}: {KEY_HINT}")
             self._auth: Any = cwsandbox.AuthHeaders(headers={"Authorization": f"Bearer {key}"}, strategy="api_key")
         elif auth == "wandb":
             try:
@@ -517,9 +535,11 @@ class CoreWeaveProvider:
             raise translate(exc, f"deleting sandbox {sandbox_id}") from exc
 
     async def aclose(self) -> None:
+        """Wait for background deletions and close the channels of sandboxes still owned (they keep running)."""
         if self._cleanups:
             await asyncio.gather(*list(self._cleanups), return_exceptions=True)
-        self._owned.clear()
+        owned, self._owned = list(self._owned.values()), {}
+        await asyncio.gather(*(sandbox.release() for sandbox in owned), return_exceptions=True)
 
 
 class AviatoProvider(CoreWeaveProvider):
