@@ -62,7 +62,7 @@ KEY_HINT = (
     "to authenticate with Weights & Biases instead, pass auth=wandb (needs `pip install 'cwsandbox[wandb]'` "
     "and WANDB_API_KEY or `wandb login`)"
 )
-_QUOTA = re.compile(r"quota", re.IGNORECASE)
+_QUOTA = re.compile(r"(?<![a-z])quota", re.IGNORECASE)  # also matches reasons like CWSANDBOX_QUOTA_EXCEEDED
 _GRACE_S = 1  # the in-sandbox kill comes this long after the exec deadline
 
 
@@ -262,16 +262,23 @@ class CoreWeaveSandbox:
         )
 
     async def write_file(self, path: str, data: bytes) -> None:
+        """Write a file; missing parent directories are created (when the service does not do it)."""
+        from cwsandbox import SandboxFileError
+
         if isinstance(data, str):
             data = data.encode()
         full = self._path(path)
         parent = posixpath.dirname(full)
         try:
-            if parent != self.work_dir:
+            try:
+                await self._sb.write_file(full, bytes(data))
+            except SandboxFileError:
+                if parent == self.work_dir:
+                    raise
                 made = await self._sb.exec(["mkdir", "-p", "--", parent], timeout_seconds=60)
                 if made.returncode != 0:
-                    raise OSError(made.returncode, f"cannot create {parent}: {made.stderr.strip()}", path)
-            await self._sb.write_file(full, bytes(data))
+                    raise OSError(made.returncode, f"cannot create {parent}: {made.stderr.strip()}", path) from None
+                await self._sb.write_file(full, bytes(data))
         except OSError:
             raise
         except Exception as exc:

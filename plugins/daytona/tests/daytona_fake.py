@@ -348,9 +348,11 @@ class _Handler(BaseHTTPRequestHandler):
                 datas[index] = data
         for index, data in datas.items():
             path = paths[index]
-            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-            with open(path, "wb") as fh:
-                fh.write(data)
+            try:  # like a strict daemon: the parent directory must exist
+                with open(path, "wb") as fh:
+                    fh.write(data)
+            except OSError as exc:
+                return self._send(400, {"errors": [f"{path}: {exc.strerror.lower()}"]})
         self._send(200, raw=b"", content_type="text/plain")
 
     def _download(self, request: dict) -> None:

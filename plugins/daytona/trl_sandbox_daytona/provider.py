@@ -61,7 +61,8 @@ KEY_HINT = (
     "or pass the provider setting api_key=...; DAYTONA_JWT_TOKEN together with DAYTONA_ORGANIZATION_ID "
     "also works"
 )
-_QUOTA = re.compile(r"quota|limit|exceed", re.IGNORECASE)
+# "Sandbox resource limit reached (16)", "Total disk limit exceeded. Maximum allowed: 30GiB"
+_QUOTA = re.compile(r"(?<![a-z0-9_])(quota|limits?|exceed(s|ed)?)(?![a-z0-9_])", re.IGNORECASE)
 _GONE_STATES = {"destroyed", "destroying"}
 
 
@@ -277,10 +278,7 @@ class DaytonaSandbox:
         if stdin:
             # Byte-exact stdin: upload it, open it as the program's stdin, unlink it, then exec.
             path = posixpath.join(self.work_dir, f".trl-sandbox-stdin-{uuid.uuid4().hex}")
-            try:
-                await self._sb.fs.upload_file(bytes(stdin), path)
-            except Exception as exc:
-                raise translate(exc, "uploading stdin", self.id) from exc
+            await self._upload(bytes(stdin), path, "uploading stdin")
             quoted = shlex.quote(path)
             command = f"{{ rm -f -- {quoted}; exec {program}; }} < {quoted}"
         else:
@@ -306,13 +304,29 @@ class DaytonaSandbox:
         return ExecResult(exit_code=response.exit_code, stdout=output, stderr="", truncated=truncated,
                           duration_s=duration)
 
+    async def _upload(self, data: bytes, full: str, what: str) -> None:
+        try:
+            await self._sb.fs.upload_file(data, full)
+        except Exception as exc:
+            raise translate(exc, what, self.id) from exc
+
     async def write_file(self, path: str, data: bytes) -> None:
+        """Write a file; missing parent directories are created (when the daemon does not do it)."""
         if isinstance(data, str):
             data = data.encode()
+        full = self._path(path)
+        parent = posixpath.dirname(full)
         try:
-            await self._sb.fs.upload_file(bytes(data), self._path(path))
-        except Exception as exc:
-            raise translate(exc, f"writing {path}", self.id) from exc
+            await self._upload(bytes(data), full, f"writing {path}")
+        except (RateLimitError, QuotaError):
+            raise
+        except SandboxError:  # the daemon may refuse a missing parent directory (400 or otherwise)
+            if parent == self.work_dir:
+                raise
+            made = await self._shell(f"mkdir -p -- {shlex.quote(parent)}", timeout=30, what=f"creating {parent}")
+            if made.exit_code != 0:
+                raise OSError(made.exit_code, f"cannot create {parent}: {made.result.strip()}", path) from None
+            await self._upload(bytes(data), full, f"writing {path}")
 
     async def read_file(self, path: str) -> bytes:
         from daytona import FileDownloadRequest
