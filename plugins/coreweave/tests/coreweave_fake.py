@@ -131,6 +131,8 @@ class FakeCoreWeave:
         return port
 
     def stop(self) -> None:
+        if not self._loop.is_running():
+            return
         with self.lock:
             for proc in self.spawned:
                 if proc.returncode is None:

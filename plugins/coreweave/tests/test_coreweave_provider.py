@@ -317,6 +317,20 @@ def test_error_mapping(fake, provider):
     assert alive is False
 
 
+def test_an_unreachable_service_is_an_infra_error(fake, provider):
+    p = provider()
+
+    async def go():
+        sandbox = await p.create(SandboxSpec())
+        fake.stop()
+        with pytest.raises(InfraError) as info:
+            await sandbox.exec(["true"], timeout=5)
+        return info.value
+
+    error = run(closing(p, go()))
+    assert type(error) is InfraError
+
+
 def test_pool_honours_retry_after_and_retries_server_errors(fake, provider):
     p = provider()
     fake.fail("exec", grpc.StatusCode.RESOURCE_EXHAUSTED, retry_delay=0.6, match="first")

@@ -19,6 +19,7 @@ import itertools
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -59,12 +60,14 @@ class FakeDaytona:
         self.faults: dict[str, list[Fault]] = {}
         self.stuck_creates = 0
         self.spawned: list = []  # every process started, killed at stop()
+        self.connections: list = []
         self.lock = threading.Lock()
         self._ids = itertools.count(1)
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
         self.server.daemon_threads = True
         self.server.fake = self  # type: ignore[attr-defined]
         self._thread = threading.Thread(target=self.server.serve_forever, name="fake-daytona", daemon=True)
+        self._stopped = False
 
     # -- control ---------------------------------------------------------------------------------
 
@@ -81,8 +84,17 @@ class FakeDaytona:
         return self
 
     def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
         self.server.shutdown()
         self.server.server_close()
+        with self.lock:  # also the kept-alive connections: the service is gone
+            for connection in self.connections:
+                try:
+                    connection.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
         with self.lock:
             for proc in self.spawned:
                 if proc.returncode is None:
@@ -188,6 +200,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, *args) -> None:  # quiet
         pass
+
+    def setup(self) -> None:
+        super().setup()
+        with self.fake.lock:
+            self.fake.connections.append(self.connection)
 
     @property
     def fake(self) -> FakeDaytona:

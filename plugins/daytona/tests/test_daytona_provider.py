@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import hashlib
 import math
 import time
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from daytona_fake import API_KEY, FakeDaytona
+from trl_sandbox_daytona.provider import retry_after
 
 from trl_sandbox import (
     ConfigError,
@@ -291,6 +294,27 @@ def test_error_mapping(fake, provider):
     assert isinstance(errors["create-bad"], ConfigError)
     assert type(errors["vanished"]) is InfraError and "vanished" in str(errors["vanished"])
     assert alive is False
+
+
+def test_retry_after_headers():
+    soon = email.utils.format_datetime(datetime.now(timezone.utc) + timedelta(seconds=30), usegmt=True)
+    assert 25 < retry_after({"Retry-After": soon}) <= 30  # an HTTP date
+    assert retry_after({"retry-after-sandbox-create": "3", "X-RateLimit-Remaining": "0"}) == 3.0
+    assert retry_after({"Content-Type": "application/json"}) is None
+
+
+def test_an_unreachable_service_is_an_infra_error(fake, provider):
+    p = provider()
+
+    async def go():
+        sandbox = await p.create(SandboxSpec())
+        fake.stop()
+        with pytest.raises(InfraError) as info:
+            await sandbox.exec(["true"], timeout=5)
+        return info.value
+
+    error = run(closing(p, go()))
+    assert type(error) is InfraError
 
 
 def test_pool_honours_retry_after_and_retries_server_errors(fake, provider):
