@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,22 +52,12 @@ class Summary:
     data: dict[str, Any]
 
 
-def read_records(path: Path) -> list[dict[str, Any]]:
-    records = []
-    with open(path) as fh:
-        for line in fh:
-            line = line.strip()
-            if line:
-                records.append(json.loads(line))
-    return records
-
-
 def summarize(trainer, elapsed_s: float, metrics_path: Path | None, plot_path: Path | None) -> Summary:
-    from .plotting import reward_gain
+    from .plotting import read_metrics, reward_gain
 
-    records = read_records(metrics_path) if metrics_path else []
+    records = read_metrics(metrics_path) if metrics_path else []
     step_records = [r for r in records if "reward" in r]
-    gain = reward_gain(step_records) if step_records else None
+    gain = reward_gain(step_records) if len(step_records) >= 2 else None
     totals: dict[str, float] = {}
     for record in step_records:
         for key, value in record.items():
