@@ -15,11 +15,11 @@ demo: setup
 
 ## The whole test suite (offline) and the linter.
 test: setup
-	$(BIN)/ruff check trl_sandbox plugins tests benchmarks
+	$(BIN)/ruff check trl_sandbox plugins tests benchmarks examples
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 lint: setup
-	$(BIN)/ruff check trl_sandbox plugins tests benchmarks
+	$(BIN)/ruff check trl_sandbox plugins tests benchmarks examples
 
 bench: setup
 	$(BIN)/python benchmarks/bench_local.py
