@@ -86,11 +86,15 @@ TEARDOWN_SCRIPT = textwrap.dedent(
     from tests import tiny
     from trl_sandbox import SandboxGRPOConfig, SandboxGRPOTrainer
 
-    mode, journal, out = sys.argv[1], sys.argv[2], sys.argv[3]
+    mode, journal, out, provider = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 
     class Trouble(TrainerCallback):
         def on_step_end(self, args, state, control, **kw):
             if state.global_step == 1:
+                if provider == "local":  # the host pids of the live bubblewrap sandboxes
+                    pids = [str(s.pid) for s in trainer.sandbox_pool._members.values()]
+                    with open(journal, "w") as fh:
+                        fh.write(" ".join(pids))
                 if mode == "exception":
                     raise RuntimeError("boom inside train()")
                 if mode == "sigterm":
@@ -99,8 +103,9 @@ TEARDOWN_SCRIPT = textwrap.dedent(
                     raise KeyboardInterrupt
 
     ds = Dataset.from_list([{{"prompt": "p", "sandbox_task": "echo", "task_id": "four", "expected": "4"}}] * 4)
-    args = SandboxGRPOConfig(**tiny.grpo_kwargs(out, max_steps=5), sandbox_provider="flaky",
-                             sandbox_provider_settings={{"journal": journal}}, sandbox_pool_size=2)
+    settings = {{"journal": journal}} if provider == "flaky" else {{}}
+    args = SandboxGRPOConfig(**tiny.grpo_kwargs(out, max_steps=5), sandbox_provider=provider,
+                             sandbox_provider_settings=settings, sandbox_pool_size=2)
     trainer = SandboxGRPOTrainer(model=tiny.model(), args=args, train_dataset=ds,
                                  processing_class=tiny.tokenizer(), callbacks=[Trouble()])
     trainer.train()
@@ -108,13 +113,16 @@ TEARDOWN_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("mode,returncode", [("normal", 0), ("exception", 1), ("interrupt", -2), ("sigterm", 143)])
+ENDINGS = [("normal", 0), ("exception", 1), ("interrupt", -2), ("sigterm", 143)]
+
+
+@pytest.mark.parametrize("mode,returncode", ENDINGS)
 def test_pool_is_torn_down_however_training_ends(tmp_path, mode, returncode):
     """TRL does not fire on_train_end on errors: the trainer's try/finally and SIGTERM handler must."""
     script = tmp_path / "run.py"
     script.write_text(TEARDOWN_SCRIPT.format(root=str(ROOT)))
     journal = tmp_path / "journal"
-    proc = subprocess.run([sys.executable, str(script), mode, str(journal), str(tmp_path / "out")],
+    proc = subprocess.run([sys.executable, str(script), mode, str(journal), str(tmp_path / "out"), "flaky"],
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == returncode, proc.stderr[-3000:]
     events = [line.split() for line in journal.read_text().splitlines()]
@@ -255,3 +263,31 @@ def test_missing_bwrap_fails_at_construction_saying_how_to_install(tmp_path):
     with pytest.raises(ConfigError, match="bubblewrap"):
         SandboxGRPOTrainer(model=tiny.model(), args=args, train_dataset=echo_dataset(),
                            processing_class=tiny.tokenizer())
+
+
+@pytest.mark.parametrize("mode,returncode", ENDINGS)
+def test_no_local_sandbox_process_survives_however_training_ends(tmp_path, mode, returncode):
+    import time
+
+    script = tmp_path / "run.py"
+    script.write_text(TEARDOWN_SCRIPT.format(root=str(ROOT)))
+    pid_file = tmp_path / "pids"
+    proc = subprocess.run([sys.executable, str(script), mode, str(pid_file), str(tmp_path / "out"), "local"],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == returncode, proc.stderr[-3000:]
+    pids = [int(p) for p in pid_file.read_text().split()]
+    assert len(pids) == 2
+    deadline = time.monotonic() + 10
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in pids if os.path.exists(f"/proc/{p}") and "Z" not in _state(p)]
+        time.sleep(0.05)
+    assert not alive, f"sandbox processes still running: {alive}"
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"
