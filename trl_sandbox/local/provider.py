@@ -65,6 +65,7 @@ from ..sandbox import (
     SandboxInfo,
     SandboxSpec,
 )
+from ..settings import number
 from . import supervisor as _proto
 
 log = logging.getLogger(__name__)
@@ -188,15 +189,20 @@ class LocalProvider:
                 f"the sandbox interpreter {python!r} is not inside the sandbox: only /usr and extra_ro_binds "
                 f"are mounted; add its installation prefix to extra_ro_binds"
             )
-        self._sizes = {"work": int(work_size_mb), "tmp": int(tmp_size_mb), "shm": int(shm_size_mb)}
+        self._sizes = {
+            "work": number("local", "work_size_mb", work_size_mb, int, required=True),
+            "tmp": number("local", "tmp_size_mb", tmp_size_mb, int, required=True),
+            "shm": number("local", "shm_size_mb", shm_size_mb, int, required=True),
+        }
         self._preload = tuple(preload)
-        self._sandbox_uid = int(sandbox_uid)
+        self._sandbox_uid = number("local", "sandbox_uid", sandbox_uid, int, required=True)
         self._drop: dict = {}
+        host_uid = number("local", "host_uid", host_uid, int)
         if os.geteuid() == 0 and host_uid is not None:
-            self._drop = {"user": int(host_uid), "group": int(host_uid), "extra_groups": []}
-        self._start_timeout = float(start_timeout_s)
-        self._grace = float(exec_grace_s)
-        self._cache_bytes = int(compile_cache_mb * (1 << 20))
+            self._drop = {"user": host_uid, "group": host_uid, "extra_groups": []}
+        self._start_timeout = number("local", "start_timeout_s", start_timeout_s, required=True)
+        self._grace = number("local", "exec_grace_s", exec_grace_s, required=True)
+        self._cache_bytes = int(number("local", "compile_cache_mb", compile_cache_mb, required=True) * (1 << 20))
         # Extra supervisor configuration; {"exit_watch": "sigchld"} forces the Python 3.8 code path.
         self._supervisor_options: dict = {}
         self._supervisor = SUPERVISOR_SOURCE.read_bytes()
@@ -217,7 +223,7 @@ class LocalProvider:
             files=True,
             persistent_state=True,
             separate_stderr=True,
-            max_concurrency=max_concurrency or max(4, 4 * cpus),
+            max_concurrency=number("local", "max_concurrency", max_concurrency, int) or max(4, 4 * cpus),
             fast_python=True,
         )
         self._sandboxes: dict[str, LocalSandbox] = {}

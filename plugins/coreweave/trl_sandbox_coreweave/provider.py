@@ -52,6 +52,7 @@ from trl_sandbox import (
     SandboxInfo,
     SandboxSpec,
 )
+from trl_sandbox.settings import flag, number
 
 log = logging.getLogger("trl_sandbox_coreweave")
 
@@ -64,31 +65,6 @@ KEY_HINT = (
 )
 _QUOTA = re.compile(r"(?<![a-z])quota", re.IGNORECASE)  # also matches reasons like CWSANDBOX_QUOTA_EXCEEDED
 _GRACE_S = 1  # the in-sandbox kill comes this long after the exec deadline
-
-
-# -- settings -----------------------------------------------------------------------------------
-
-
-def _number(name: str, value: Any, kind: type = float, minimum: float | None = None) -> Any:
-    if value is None or value == "":
-        return None
-    try:
-        number = kind(float(value)) if kind is int else kind(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"coreweave provider setting {name}={value!r} must be a number") from None
-    if minimum is not None and number < minimum:
-        raise ConfigError(f"coreweave provider setting {name}={value!r} must be at least {minimum}")
-    return number
-
-
-def _flag(name: str, value: Any) -> bool:
-    if isinstance(value, str):
-        if value.lower() in ("1", "true", "yes", "on"):
-            return True
-        if value.lower() in ("0", "false", "no", "off", ""):
-            return False
-        raise ConfigError(f"coreweave provider setting {name}={value!r} must be true or false")
-    return bool(value)
 
 
 def encode_tags(tags: Mapping[str, str]) -> list[str]:
@@ -415,20 +391,20 @@ class CoreWeaveProvider:
         self.runtime_class = runtime_class or None
         self.data_plane_mode = data_plane_mode or None
         self.work_dir = posixpath.normpath(work_dir)
-        self.rlimits = _flag("rlimits", rlimits)
-        self.kill_after_timeout = _flag("kill_after_timeout", kill_after_timeout)
-        self.start_timeout_s = _number("start_timeout_s", start_timeout_s, float, 1)
-        self.request_timeout_s = _number("request_timeout_s", request_timeout_s, float, 1)
-        self.stop_grace_s = _number("stop_grace_s", stop_grace_s, float, 0)
+        self.rlimits = flag("coreweave", "rlimits", rlimits)
+        self.kill_after_timeout = flag("coreweave", "kill_after_timeout", kill_after_timeout)
+        self.start_timeout_s = number("coreweave", "start_timeout_s", start_timeout_s, float, 1)
+        self.request_timeout_s = number("coreweave", "request_timeout_s", request_timeout_s, float, 1)
+        self.stop_grace_s = number("coreweave", "stop_grace_s", stop_grace_s, float, 0)
         self.capabilities = Capabilities(
             network_isolation=True,
             files=True,
             persistent_state=True,
             separate_stderr=True,
-            max_concurrency=_number("max_concurrency", max_concurrency, int, 1),
+            max_concurrency=number("coreweave", "max_concurrency", max_concurrency, int, 1),
             fast_python=False,
         )
-        if not _flag("sdk_signal_handlers", sdk_signal_handlers):
+        if not flag("coreweave", "sdk_signal_handlers", sdk_signal_handlers):
             try:
                 cwsandbox.disable_signal_handlers()
             except RuntimeError:  # another part of this process already let the SDK install them

@@ -52,6 +52,7 @@ from trl_sandbox import (
     SandboxInfo,
     SandboxSpec,
 )
+from trl_sandbox.settings import flag, number
 
 log = logging.getLogger("trl_sandbox_daytona")
 
@@ -64,32 +65,6 @@ KEY_HINT = (
 # "Sandbox resource limit reached (16)", "Total disk limit exceeded. Maximum allowed: 30GiB"
 _QUOTA = re.compile(r"(?<![a-z0-9_])(quota|limits?|exceed(s|ed)?)(?![a-z0-9_])", re.IGNORECASE)
 _GONE_STATES = {"destroyed", "destroying"}
-
-
-# -- settings -----------------------------------------------------------------------------------
-
-
-def _number(name: str, value: Any, kind: type = float, minimum: float | None = None) -> Any:
-    """A numeric setting (settings may arrive as strings from the command line); ``None`` stays ``None``."""
-    if value is None or value == "":
-        return None
-    try:
-        number = kind(float(value)) if kind is int else kind(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"daytona provider setting {name}={value!r} must be a number") from None
-    if minimum is not None and number < minimum:
-        raise ConfigError(f"daytona provider setting {name}={value!r} must be at least {minimum}")
-    return number
-
-
-def _flag(name: str, value: Any) -> bool:
-    if isinstance(value, str):
-        if value.lower() in ("1", "true", "yes", "on"):
-            return True
-        if value.lower() in ("0", "false", "no", "off", ""):
-            return False
-        raise ConfigError(f"daytona provider setting {name}={value!r} must be true or false")
-    return bool(value)
 
 
 def _env(name: str) -> str | None:
@@ -434,27 +409,28 @@ class DaytonaProvider:
             raise ConfigError(f"daytona provider setting work_dir={work_dir!r} must be an absolute path below /")
         self._config = dict(api_key=api_key or None, api_url=api_url or None, target=target or None,
                             jwt_token=jwt_token or None, organization_id=organization_id or None,
-                            connection_pool_maxsize=_number("connection_pool_maxsize", connection_pool_maxsize, int, 1))
+                            connection_pool_maxsize=number("daytona", "connection_pool_maxsize",
+                                                           connection_pool_maxsize, int, 1))
         self.snapshot = snapshot or None
         self.image = image or None
-        self.cpu = _number("cpu", cpu, int, 1)
-        self.memory = _number("memory", memory, int, 1)
-        self.disk = _number("disk", disk, int, 1)
-        self.auto_stop_interval = _number("auto_stop_interval", auto_stop_interval, int, 0)
-        self.ephemeral = _flag("ephemeral", ephemeral)
-        self.keep_alive = _flag("keep_alive", keep_alive)
+        self.cpu = number("daytona", "cpu", cpu, int, 1)
+        self.memory = number("daytona", "memory", memory, int, 1)
+        self.disk = number("daytona", "disk", disk, int, 1)
+        self.auto_stop_interval = number("daytona", "auto_stop_interval", auto_stop_interval, int, 0)
+        self.ephemeral = flag("daytona", "ephemeral", ephemeral)
+        self.keep_alive = flag("daytona", "keep_alive", keep_alive)
         self.work_dir = posixpath.normpath(work_dir)
-        self.rlimits = _flag("rlimits", rlimits)
+        self.rlimits = flag("daytona", "rlimits", rlimits)
         self.os_user = os_user or None
         self.language = language
         self.network_allow_list = network_allow_list or None
-        self.create_timeout_s = _number("create_timeout_s", create_timeout_s, float, 1)
+        self.create_timeout_s = number("daytona", "create_timeout_s", create_timeout_s, float, 1)
         self.capabilities = Capabilities(
             network_isolation=True,
             files=True,
             persistent_state=True,
             separate_stderr=False,  # Daytona's process.exec merges stderr into stdout
-            max_concurrency=_number("max_concurrency", max_concurrency, int, 1),
+            max_concurrency=number("daytona", "max_concurrency", max_concurrency, int, 1),
             fast_python=False,
         )
         self._sdk: Any = None
