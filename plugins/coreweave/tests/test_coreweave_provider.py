@@ -8,12 +8,13 @@ import os
 # when the fake stops. Read when gRPC is first imported.
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
-import asyncio  # noqa: E402
-import hashlib  # noqa: E402
 import time  # noqa: E402
 
 import grpc  # noqa: E402
 import pytest  # noqa: E402
+
+pytest.register_assert_rewrite("trl_sandbox.testing")
+
 from coreweave_fake import API_KEY, FakeCoreWeave  # noqa: E402
 
 from trl_sandbox import (  # noqa: E402
@@ -23,16 +24,13 @@ from trl_sandbox import (  # noqa: E402
     RateLimitError,
     SandboxSpec,
     load_tasks,
+    testing,
 )
-from trl_sandbox.builtin_tasks import SOLUTIONS  # noqa: E402
 from trl_sandbox.plugins import make_provider, providers  # noqa: E402
 from trl_sandbox.pool import PoolSettings, SandboxPool  # noqa: E402
-from trl_sandbox.scoring import Scorer  # noqa: E402
+from trl_sandbox.testing import FAST, closing, run  # noqa: E402
 
-FAST = PoolSettings(backoff_initial_s=0.05, backoff_max_s=0.2, lease_timeout_s=20.0, create_timeout_s=20.0,
-                    destroy_timeout_s=10.0, health_interval_s=3600.0)
 TAGS = {"trl-sandbox": "1", "trl-sandbox-run": "coreweave-test"}
-STDIN = bytes(range(256)) * 4 + b"\r\n\n$(touch /tmp/pwned)\x00EOF\n'\"`" + b"\xff" * 3
 
 
 @pytest.fixture
@@ -49,17 +47,6 @@ def provider(fake, tmp_path):
         return make_provider(name, settings)
 
     return build
-
-
-def run(coro):
-    return asyncio.run(coro)
-
-
-async def closing(provider, coro):
-    try:
-        return await coro
-    finally:
-        await provider.aclose()
 
 
 # -- configuration --------------------------------------------------------------------------------
@@ -141,63 +128,17 @@ def test_image_resources_and_network_on_from_settings(fake, provider):
 
 
 def test_exec_exit_codes_separate_streams_and_byte_exact_stdin(provider):
-    p = provider()
-    digest = ("import hashlib, sys; data = sys.stdin.buffer.read(); "
-              "print(len(data), hashlib.sha256(data).hexdigest()); print('to stderr', file=sys.stderr); sys.exit(3)")
-
-    async def go():
-        sandbox = await p.create(SandboxSpec())
-        with_stdin = await sandbox.exec(["python3", "-c", digest], stdin=STDIN, timeout=10)
-        as_text = await sandbox.exec(["python3", "-c", digest], stdin="héllo", timeout=10)
-        without = await sandbox.exec(["python3", "-c", digest], timeout=10)
-        big = b"x" * (3 << 20)
-        large = await sandbox.exec(["python3", "-c", digest], stdin=big, timeout=20)
-        quoted = await sandbox.exec(["printf", "%s|", "a b", "$HOME", "it's", ";ls"], timeout=5)
-        missing = await sandbox.exec(["no-such-program-xyz"], timeout=5)
-        return with_stdin, as_text, without, (big, large), quoted, missing
-
-    with_stdin, as_text, without, (big, large), quoted, missing = run(closing(p, go()))
-    assert with_stdin.exit_code == 3 and not with_stdin.timed_out
-    assert with_stdin.stdout == f"{len(STDIN)} {hashlib.sha256(STDIN).hexdigest()}\n"
-    assert with_stdin.stderr == "to stderr\n"  # separate streams
-    assert as_text.stdout == f"{len('héllo'.encode())} {hashlib.sha256('héllo'.encode()).hexdigest()}\n"
-    assert without.stdout == f"0 {hashlib.sha256(b'').hexdigest()}\n"  # no stdin: the program reads EOF
-    assert large.stdout == f"{len(big)} {hashlib.sha256(big).hexdigest()}\n"  # several stdin frames
-    assert quoted.stdout == "a b|$HOME|it's|;ls|"  # no shell in between
-    assert missing.exit_code == 127 and not missing.timed_out
+    results = testing.check_exec(provider)  # the large stdin goes in several frames
+    assert results["with_stdin"].stderr == "to stderr\n"  # separate streams
 
 
 def test_cwd_env_and_limits(provider):
-    p = provider()
-
-    async def go():
-        sandbox = await p.create(SandboxSpec())
-        await sandbox.write_file("sub/keep.txt", b"x")
-        env_cwd = await sandbox.exec(["sh", "-c", 'echo "$X"; pwd'], env={"X": "1 2"}, cwd="sub", timeout=5)
-        limits = await sandbox.exec(["sh", "-c", "ulimit -n; ulimit -v"], timeout=5)
-        return sandbox, env_cwd, limits
-
-    sandbox, env_cwd, limits = run(closing(p, go()))
-    assert env_cwd.stdout.splitlines() == ["1 2", f"{sandbox.work_dir}/sub"]
+    sandbox = testing.check_cwd_env_and_limits(provider)
     assert {"prlimit", "timeout"} <= sandbox.tools
-    assert limits.stdout.split() == ["256", str(1024 * 1024)]  # ResourceLimits defaults
 
 
 def test_timeout_is_a_result_and_the_sandbox_survives(provider):
-    p = provider()
-
-    async def go():
-        sandbox = await p.create(SandboxSpec())
-        t0 = time.monotonic()
-        slow = await sandbox.exec(["sh", "-c", "echo started; sleep 30"], timeout=1, stdin=b"x")
-        elapsed = time.monotonic() - t0
-        after = await sandbox.exec(["echo", "still here"], timeout=5)
-        return slow, elapsed, after
-
-    slow, elapsed, after = run(closing(p, go()))
-    assert slow.timed_out and slow.exit_code is None and not slow.ok
-    assert elapsed < 5
-    assert after.stdout == "still here\n"
+    testing.check_timeout_is_a_result(provider)
 
 
 def test_a_command_that_outlives_its_cancelled_rpc_is_killed_in_the_sandbox(fake, provider, tmp_path):
@@ -219,54 +160,14 @@ def test_a_command_that_outlives_its_cancelled_rpc_is_killed_in_the_sandbox(fake
 
 
 def test_files_reset_and_alive(provider):
-    p = provider()
-
-    async def go():
-        sandbox = await p.create(SandboxSpec())
-        await sandbox.write_file("deep/dir/data.bin", STDIN)
-        back = await sandbox.read_file("deep/dir/data.bin")
-        absolute = await sandbox.read_file(f"{sandbox.work_dir}/deep/dir/data.bin")
-        seen = await sandbox.exec(["sha256sum", "deep/dir/data.bin"], timeout=5)
-        with pytest.raises(FileNotFoundError):
-            await sandbox.read_file("nope.txt")
-        await sandbox.reset()
-        with pytest.raises(FileNotFoundError):
-            await sandbox.read_file("deep/dir/data.bin")
-        listing = await sandbox.exec(["ls", "-A"], timeout=5)
-        return back, absolute, seen, listing, await sandbox.alive()
-
-    back, absolute, seen, listing, alive = run(closing(p, go()))
-    assert back == STDIN and absolute == STDIN
-    assert seen.stdout.split()[0] == hashlib.sha256(STDIN).hexdigest()
-    assert listing.exit_code == 0 and listing.stdout == ""  # reset left an empty work dir
-    assert alive
+    testing.check_files_reset_and_alive(provider)
 
 
 def test_list_by_tags_across_pages_and_destroy(fake, provider):
-    p = provider()
-    mine, other = {**TAGS, "batch": "a"}, {**TAGS, "batch": "b"}
-
-    async def go():
-        created = [await p.create(SandboxSpec(tags=mine)) for _ in range(3)]
-        stranger = await p.create(SandboxSpec(tags=other))
-        calls = fake.count("list")
-        listed = await p.list(mine)
-        pages = fake.count("list") - calls
-        await p.destroy(created[0].id)
-        await p.destroy(created[0].id)  # already gone: quiet
-        fresh = provider()
-        await fresh.destroy(created[1].id)  # an id this process did not create
-        await fresh.destroy("cw-no-such-sandbox")
-        await fresh.aclose()
-        after = await p.list(mine)
-        return created, stranger, listed, pages, after
-
-    created, stranger, listed, pages, after = run(closing(p, go()))
-    assert sorted(i.id for i in listed) == sorted(s.id for s in created)
+    pages = testing.check_list_by_tags_and_destroy(provider, TAGS, state="running", live=fake.live,
+                                                   list_calls=lambda: fake.count("list"),
+                                                   unknown_id="cw-no-such-sandbox")
     assert pages == 2  # the fake pages by two: the SDK followed the page token
-    assert all(i.tags == mine and i.state == "running" and i.created_at for i in listed)
-    assert [i.id for i in after] == [created[2].id]
-    assert set(fake.live()) == {created[2].id, stranger.id}
 
 
 # -- errors and the pool ----------------------------------------------------------------------------
@@ -318,35 +219,19 @@ def test_error_mapping(fake, provider):
 
 
 def test_an_unreachable_service_is_an_infra_error(fake, provider):
-    p = provider()
-
-    async def go():
-        sandbox = await p.create(SandboxSpec())
-        fake.stop()
-        with pytest.raises(InfraError) as info:
-            await sandbox.exec(["true"], timeout=5)
-        return info.value
-
-    error = run(closing(p, go()))
-    assert type(error) is InfraError
+    testing.check_unreachable_service_is_an_infra_error(provider, fake.stop)
 
 
 def test_pool_honours_retry_after_and_retries_server_errors(fake, provider):
-    p = provider()
-    fake.fail("exec", grpc.StatusCode.RESOURCE_EXHAUSTED, retry_delay=0.6, match="first")
-    fake.fail("exec", grpc.StatusCode.INTERNAL, match="second")
-    with SandboxPool.open(p, size=1, spec=SandboxSpec(tags=TAGS), pool_settings=FAST) as pool:
-        fake.fail("create", grpc.StatusCode.UNAVAILABLE)  # the replacement of the rate-limited sandbox
-        t0 = time.monotonic()
-        limited = pool.run(["echo", "first"], timeout=5)
-        waited = time.monotonic() - t0
-        retried = pool.run(["echo", "second"], timeout=5)
-        stats = pool.drain_stats()
-    assert limited.stdout == "first\n" and waited >= 0.6
-    assert retried.stdout == "second\n"
-    assert stats.counts["rate_limited"] == 1 and stats.counts["infra_errors"] == 2
-    assert fake.count("create") == 4  # the first, the UNAVAILABLE one, and the two replacements
-    assert fake.live() == []
+    testing.check_pool_honours_retry_after_and_retries_server_errors(
+        provider, TAGS,
+        rate_limit_exec=lambda wait, match: fake.fail("exec", grpc.StatusCode.RESOURCE_EXHAUSTED, retry_delay=wait,
+                                                      match=match),
+        fail_exec=lambda match: fake.fail("exec", grpc.StatusCode.INTERNAL, match=match),
+        fail_create=lambda: fake.fail("create", grpc.StatusCode.UNAVAILABLE),
+        create_calls=lambda: fake.count("create"),
+        live=fake.live,
+    )
 
 
 def test_create_that_never_starts_is_deleted(fake, provider):
@@ -370,23 +255,8 @@ def test_create_abandoned_by_the_pool_deadline_leaves_nothing_behind(fake, provi
 
 
 def test_a_sandbox_that_vanishes_is_replaced(fake, provider):
-    p = provider()
-    with SandboxPool.open(p, size=1, spec=SandboxSpec(tags=TAGS), pool_settings=FAST) as pool:
-        assert pool.run(["echo", "one"], timeout=5).stdout == "one\n"
-        (first,) = fake.live()
-        fake.vanish(first)
-        assert pool.run(["echo", "two"], timeout=5).stdout == "two\n"
-        assert pool.drain_stats().counts["replaced"] >= 1
-        assert first not in fake.live()
-    assert fake.live() == []
+    testing.check_a_sandbox_that_vanishes_is_replaced(provider, TAGS, vanish=fake.vanish, live=fake.live)
 
 
 def test_scorer_end_to_end_on_the_sorting_task(fake, provider):
-    p = provider()
-    row = load_tasks("builtin", task_ids=["sorting"])[0]
-    completions = [SOLUTIONS["sorting"], "    return xs\n"]
-    with SandboxPool.open(p, size=2, spec=SandboxSpec(tags=TAGS), pool_settings=FAST) as pool:
-        outcomes = Scorer(pool, cache_size=0).score(completions, [row, row])
-    assert [(o.status, o.passed, o.total, o.reward) for o in outcomes] == [
-        ("passed", 5, 5, 1.0), ("failed", 1, 5, 0.2)]
-    assert fake.live() == []
+    testing.check_scorer_end_to_end_on_the_sorting_task(provider, TAGS, live=fake.live)
