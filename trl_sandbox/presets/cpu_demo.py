@@ -449,6 +449,7 @@ def build_cpu_demo(
     *,
     warm_start_settings: WarmStartSettings | Mapping[str, Any] | None = None,
     progress: bool = True,
+    num_threads: int | None = 1,
 ) -> CpuDemo:
     """Tokenizer, warm-started model and the built-in task dataset of the ``cpu-demo`` preset.
 
@@ -456,8 +457,20 @@ def build_cpu_demo(
     depend on it). ``warm_start_settings`` replaces ``WARM_START`` (a ``WarmStartSettings`` or a
     dict of its fields, e.g. ``{"steps": 40}`` for a quick test). With ``output_dir``, the warm
     start's statistics are written to ``output_dir/warm_start.json``.
+
+    ``num_threads`` is passed to ``torch.set_num_threads`` (for the whole process, so for the GRPO
+    run that follows too; ``None`` leaves it alone). One thread is the default because the model is
+    so small that a second thread gains about 20% on an idle machine, while on a machine shared with
+    other CPU-bound work torch's threads wait on each other and a step gets several times slower
+    (measured 0.44 s with one thread vs 1.9 s with two, next to one busy process on 2 cores). It
+    also leaves a core to the sandboxes.
     """
+    import torch
+
     from ..tasks import load_tasks
+
+    if num_threads is not None:
+        torch.set_num_threads(num_threads)
 
     settings = WARM_START
     if isinstance(warm_start_settings, WarmStartSettings):
@@ -471,6 +484,7 @@ def build_cpu_demo(
     stats["parameters"] = sum(p.numel() for p in model.parameters())
     stats["vocab_size"] = len(tokenizer)
     stats["seed"] = seed
+    stats["torch_threads"] = torch.get_num_threads()
     dataset = load_tasks(TASK_SET)
     if output_dir is not None:
         out = Path(output_dir)
