@@ -131,3 +131,27 @@ def test_missing_samples_file_is_a_clear_error(tmp_path, capsys):
     assert "cannot read samples file" in capsys.readouterr().err
     assert main(["evaluate", str(tmp_path / "absent.jsonl"), "--tasks", "no-such-set"]) == 2
     assert "unknown task set 'no-such-set'" in capsys.readouterr().err
+
+
+def test_evaluate_all_164_canonical_wrong_and_tricks(tmp_path, capsys):
+    """The acceptance run: every canonical solution passes, known-wrong ones and tricks do not."""
+    from trl_sandbox_humaneval import problems
+
+    p = problems()
+    tricks = [
+        "    import os\n    os._exit(0)\n",  # exit early with status 0
+        "    class Eq:\n        def __eq__(self, other):\n            return True\n    return Eq()\n",
+        "    print('passed')\n    print('{\"passed\": true}')\n    raise SystemExit(0)\n",
+        "    import builtins\n    builtins.abs = lambda x: 0\n    return 0\n",
+    ]
+    rows = [{"task_id": t, "completion": q["canonical_solution"], "kind": "canonical"} for t, q in p.items()]
+    rows += [{"task_id": t, "completion": "    pass\n", "kind": "wrong"} for t in p]
+    rows += [{"task_id": "HumanEval/53", "completion": c, "kind": "trick"} for c in tricks]
+    samples = write_jsonl(tmp_path / "all.jsonl", rows)
+    out = tmp_path / "all_results.jsonl"
+    assert main(["evaluate", str(samples), "--tasks", "humaneval", "--output", str(out), "--no-progress"]) == 0
+    results = read_jsonl(out)
+    assert [r["kind"] for r in results] == [r["kind"] for r in rows]  # input order, extra fields kept
+    assert all(r["passed"] for r in results if r["kind"] == "canonical")
+    assert not any(r["passed"] for r in results if r["kind"] == "wrong")
+    assert not any(r["passed"] for r in results if r["kind"] == "trick")
