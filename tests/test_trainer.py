@@ -291,3 +291,18 @@ def _state(pid: int) -> str:
             return fh.read().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "Z"
+
+
+def test_a_plain_grpo_config_gets_the_sandbox_defaults(tmp_path):
+    from trl import GRPOConfig
+
+    plain = GRPOConfig(**tiny.grpo_kwargs(tmp_path, beta=0.0))
+    trainer = SandboxGRPOTrainer(model=tiny.model(), args=plain, train_dataset=echo_dataset(),
+                                 processing_class=tiny.tokenizer())
+    try:
+        assert isinstance(trainer.args, SandboxGRPOConfig)
+        assert trainer.args.sandbox_provider == "local" and trainer.args.sandbox_pool_size == 4
+        assert trainer.args.num_generations == 2 and trainer.args.use_cpu
+        assert trainer.args.output_dir == str(tmp_path)
+    finally:
+        trainer.close_sandboxes()

@@ -10,6 +10,8 @@ loss are TRL's own and untouched.
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import functools
 import json
 import logging
@@ -141,6 +143,25 @@ class SandboxGRPOConfig(GRPOConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        self._check_sandbox_fields()
+
+    @classmethod
+    def from_grpo_config(cls, args: GRPOConfig) -> SandboxGRPOConfig:
+        """``args`` as a ``SandboxGRPOConfig`` with the sandbox defaults, its own values untouched.
+
+        A copy with the class switched, rather than a rebuild from ``to_dict()``: TRL's
+        ``__post_init__`` derives fields (``generation_batch_size``, ``steps_per_generation``)
+        that it then refuses to see set together.
+        """
+        new = copy.copy(args)
+        new.__class__ = cls
+        for f in dataclasses.fields(cls):
+            if f.name.startswith("sandbox_") and not hasattr(new, f.name):
+                setattr(new, f.name, f.default if f.default is not dataclasses.MISSING else f.default_factory())
+        new._check_sandbox_fields()
+        return new
+
+    def _check_sandbox_fields(self) -> None:
         self.sandbox_provider_settings = parse_mapping(self.sandbox_provider_settings, "sandbox_provider_settings")
         self.sandbox_tags = parse_mapping(self.sandbox_tags, "sandbox_tags")
         if self.sandbox_pool_size < 1:
@@ -248,7 +269,7 @@ class SandboxGRPOTrainer(GRPOTrainer):
         if args is None:
             args = SandboxGRPOConfig(output_dir="trl-sandbox-output")
         elif not isinstance(args, SandboxGRPOConfig):
-            args = SandboxGRPOConfig(**{k: v for k, v in args.to_dict().items() if k in _init_fields(GRPOConfig)})
+            args = SandboxGRPOConfig.from_grpo_config(args)
         validate_dataset(train_dataset, "train_dataset")
         validate_dataset(eval_dataset, "eval_dataset")
 
@@ -364,9 +385,3 @@ def _raise_on_sigterm() -> Iterator[None]:
 
 def _is_sandbox_environment(factory: Any) -> bool:
     return isinstance(factory, type) and issubclass(factory, SandboxEnvironment)
-
-
-def _init_fields(cls: type) -> set[str]:
-    import dataclasses
-
-    return {f.name for f in dataclasses.fields(cls) if f.init}
