@@ -116,7 +116,10 @@ def test_create_that_times_out_after_the_sandbox_exists_is_swept_by_tags(flaky_p
     settings = PoolSettings(**{**FAST.__dict__, "create_timeout_s": 0.2, "max_attempts": 1})
     pool = SandboxPool(provider, spec=TAGS, size=1, settings=settings)
     pool.start(wait=False)
-    time.sleep(0.5)
+    deadline = time.time() + 5
+    while pool._last_create_error is None and time.time() < deadline:  # the create times out (0.2 s)
+        time.sleep(0.01)
+    assert isinstance(pool._last_create_error, InfraError)
     assert provider.live, "the provider made the sandbox even though create timed out"
     pool.close()
     assert provider.live == {}
