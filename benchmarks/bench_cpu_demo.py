@@ -17,12 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from machine import machine
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -32,36 +33,6 @@ from trl_sandbox.plotting import pass_rate_of, read_metrics, reward_gain, reward
 RESULTS = ROOT / "benchmarks" / "results" / "cpu_demo.json"
 GOAL_GAIN = 0.3
 GOAL_SECONDS = 600.0
-
-
-def machine() -> dict:
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    versions = {}
-    for module in ("torch", "transformers", "trl"):
-        try:
-            versions[module] = __import__(module).__version__
-        except ImportError:
-            versions[module] = None
-    try:
-        bwrap = subprocess.run(["bwrap", "--version"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        bwrap = None
-    return {
-        "cores": os.cpu_count(),
-        "cpu_model": cpu,
-        "python": platform.python_version(),
-        "kernel": platform.release(),
-        "bwrap": bwrap,
-        **versions,
-        "loadavg_at_start": os.getloadavg(),
-    }
 
 
 def window_mean(values: list[float], window: int, last: bool) -> float | None:
@@ -122,7 +93,7 @@ def main() -> int:
 
     from trl_sandbox.presets.cpu_demo import CONFIG_OVERRIDES, MODEL_CONFIG, WARM_START
 
-    info = machine()
+    info = machine(("torch", "transformers", "trl"))
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     runs = []
     with tempfile.TemporaryDirectory(prefix="bench-cpu-demo-") as tmp:

@@ -18,7 +18,6 @@ import asyncio
 import importlib.util
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,8 @@ import textwrap
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from machine import machine
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -254,26 +255,6 @@ def run_in_process(programs: list[tuple[str, str]]) -> dict:
 
 
 # -- main ---------------------------------------------------------------------------------------
-
-
-def machine() -> dict:
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    bwrap = subprocess.run(["bwrap", "--version"], capture_output=True, text=True).stdout.strip()
-    return {
-        "cores": os.cpu_count(),
-        "cpu_model": cpu,
-        "python": platform.python_version(),
-        "kernel": platform.release(),
-        "bwrap": bwrap,
-        "loadavg_at_start": os.getloadavg(),
-    }
 
 
 def rate(r: dict) -> float:
