@@ -14,25 +14,35 @@ TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 EXTRAS=${EXTRAS:-test}
 VENV=.venv
 
+SUDO=""
+if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
+
+system_install() {  # system_install DEBIAN_PACKAGE FEDORA_PACKAGE
+  if command -v apt-get >/dev/null 2>&1; then
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "$1" >/dev/null
+  elif command -v dnf >/dev/null 2>&1; then
+    $SUDO dnf install -y "$2"
+  else
+    echo "setup: install $1 with your package manager" >&2
+    exit 1
+  fi
+}
+
 # 1. bubblewrap, the local sandbox.
 if ! command -v bwrap >/dev/null 2>&1; then
   echo "setup: installing bubblewrap (the local sandbox)" >&2
-  SUDO=""
-  if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
-  if command -v apt-get >/dev/null 2>&1; then
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq bubblewrap >/dev/null
-  elif command -v dnf >/dev/null 2>&1; then
-    $SUDO dnf install -y bubblewrap
-  else
-    echo "setup: install bubblewrap with your package manager (it provides 'bwrap')" >&2
-    exit 1
-  fi
+  system_install bubblewrap bubblewrap
 fi
 
-# 2. The virtual environment.
+# 2. The virtual environment (Debian's system Python needs python3-venv for it).
 if [ ! -x "$VENV/bin/python" ]; then
-  "$PYTHON" -m venv "$VENV"
+  if ! "$PYTHON" -m venv "$VENV" >/dev/null 2>&1; then
+    rm -rf "$VENV"
+    echo "setup: installing python3-venv" >&2
+    system_install python3-venv python3
+    "$PYTHON" -m venv "$VENV"
+  fi
 fi
 PIP="$VENV/bin/python -m pip --disable-pip-version-check"
 
