@@ -115,3 +115,21 @@ def test_configured_timeout_reaches_the_judge_inside_the_program():
     assert patient.status in ("passed", "failed"), patient  # ran to the end: max(xs) is a wrong answer
     assert patient.passed >= 1
     assert strict.status == "timeout"
+
+
+def test_an_outage_after_start_scores_none_instead_of_crashing(flaky_provider):
+    """Once the pool has been up, losing every sandbox and every create is an infra failure, not a crash."""
+    provider = flaky_provider()
+    settings = PoolSettings(backoff_initial_s=0.01, backoff_max_s=0.02, exec_slack_s=0.5, max_attempts=1,
+                            lease_timeout_s=1.0)
+    pool = SandboxPool(provider, size=1, settings=settings)
+    reward = SandboxReward(pool)
+    kwargs = dict(sandbox_task=["echo"], task_id=["four"], expected=["4"])
+    try:
+        assert asyncio.run(reward(prompts=["p"], completions=["2+2"], **kwargs)) == [1.0]
+        provider.faults.create_failures = 10_000  # the service goes down ...
+        provider.faults.exec_infra_failures = 10_000  # ... taking the live sandbox with it
+        assert asyncio.run(reward(prompts=["p"], completions=["2+3"], **kwargs)) == [None]
+        assert asyncio.run(reward(prompts=["p"], completions=["1+3"], **kwargs)) == [None]
+    finally:
+        pool.close()

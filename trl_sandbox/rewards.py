@@ -56,6 +56,7 @@ class SandboxReward:
         self._scorer: Scorer | None = None
         self._lock = threading.Lock()
         self.seconds_total = 0.0  # wall time spent inside reward calls, read by the trainer
+        self._pool_was_up = False
         self.last_outcomes: list[Outcome] = []
         if pool is None:
             # Validate the provider now (missing binary or API key) rather than at the first batch.
@@ -75,6 +76,7 @@ class SandboxReward:
             if self._owns_pool and self._pool is not None and not self._pool.started:
                 self._pool = None
             self._pool, self._owns_pool, self._scorer = pool, False, None
+            self._pool_was_up = False
 
     def _get_scorer(self) -> Scorer:
         with self._lock:
@@ -98,7 +100,11 @@ class SandboxReward:
     ) -> list[float | None]:
         t0 = time.perf_counter()
         scorer = self._get_scorer()
-        await self.pool.aready()
+        if not self._pool_was_up:
+            # Fail fast only before the pool was ever up (bad key, quota, no bwrap): training on
+            # nothing is pointless. Later outages score None and the pool heals in the background.
+            await self.pool.aready()
+            self._pool_was_up = True
         columns = {k: v for k, v in kwargs.items() if k not in _TRL_KWARGS}
         rows = [{"prompt": prompts[i], **{k: v[i] for k, v in columns.items()}} for i in range(len(prompts))]
         outcomes, stats = await scorer.ascore(completions, rows, deadline_s=self.deadline_s)
