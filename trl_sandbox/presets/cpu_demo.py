@@ -287,6 +287,8 @@ CONFIG_OVERRIDES: dict[str, Any] = {
     "report_to": "none",
     "sandbox_pool_size": 2,
     "sandbox_timeout": 1.0,
+    # The training seed too (TrainingArguments defaults to 42): `--seed_preset S --seed S` reproduces a run.
+    "seed": 0,
 }
 
 
