@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -51,8 +52,20 @@ def plugin_manager() -> pluggy.PluginManager:
 _PLUGIN_DISTRIBUTIONS: dict[str, str] = {}
 
 
+# Registrations per plugin manager: the hooks run once, not for every dataset row a reward
+# resolves; a new plugin manager (``plugin_manager.cache_clear()``) collects afresh.
+_REGISTRATIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def _collect(hook_name: str) -> dict[str, Registration]:
     pm = plugin_manager()
+    cached = _REGISTRATIONS.setdefault(pm, {})
+    if hook_name not in cached:
+        cached[hook_name] = _run_registration_hook(pm, hook_name)
+    return dict(cached[hook_name])
+
+
+def _run_registration_hook(pm: pluggy.PluginManager, hook_name: str) -> dict[str, Registration]:
     found: dict[str, Registration] = {}
     for impl in getattr(pm.hook, hook_name).get_hookimpls():
         plugin_name = impl.plugin_name

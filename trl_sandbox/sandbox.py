@@ -118,6 +118,23 @@ class Capabilities:
     fast_python: bool = False
 
 
+def exec_arguments(
+    argv: Sequence[str], stdin: bytes | str | None, timeout: float, *, allow_empty: bool = False
+) -> tuple[list[str], bytes | None]:
+    """``Sandbox.exec``'s inputs checked and normalised the same way for every provider.
+
+    A caller's mistake (a string instead of a list, a missing timeout) is a ``TypeError`` or
+    ``ValueError`` before anything reaches the provider; stdin text becomes UTF-8 bytes.
+    """
+    if isinstance(argv, (str, bytes)) or (not argv and not allow_empty):
+        raise TypeError("argv must be a non-empty sequence of strings, e.g. ['python3', '-c', source]")
+    if not timeout or timeout <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if isinstance(stdin, str):
+        stdin = stdin.encode()
+    return [str(a) for a in argv], stdin
+
+
 # -- protocols ----------------------------------------------------------------------------------
 
 

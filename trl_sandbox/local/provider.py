@@ -64,6 +64,7 @@ from ..sandbox import (
     InfraError,
     SandboxInfo,
     SandboxSpec,
+    exec_arguments,
 )
 from ..settings import number
 from . import supervisor as _proto
@@ -583,13 +584,7 @@ class LocalSandbox:
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
     ) -> ExecResult:
-        if isinstance(argv, (str, bytes)):
-            raise TypeError("argv must be a sequence of strings, e.g. ['python3', '-c', source]")
-        argv = [str(a) for a in argv]
-        if isinstance(stdin, str):
-            stdin = stdin.encode()
-        if not timeout or timeout <= 0:
-            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        argv, stdin = exec_arguments(argv, stdin, timeout, allow_empty=True)  # the supervisor answers 127
         if env:
             env = {str(k): str(v) for k, v in env.items()}
         stdin = stdin or b""

@@ -52,6 +52,7 @@ from trl_sandbox import (
     SandboxInfo,
     SandboxSpec,
 )
+from trl_sandbox.sandbox import exec_arguments
 from trl_sandbox.settings import flag, number
 
 log = logging.getLogger("trl_sandbox_coreweave")
@@ -203,13 +204,8 @@ class CoreWeaveSandbox:
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
     ) -> ExecResult:
-        if isinstance(argv, (str, bytes)) or not argv:
-            raise TypeError("argv must be a non-empty sequence of strings, e.g. ['python3', '-c', source]")
-        if not timeout or timeout <= 0:
-            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-        if isinstance(stdin, str):
-            stdin = stdin.encode()
-        command = self.command([str(a) for a in argv], timeout, {str(k): str(v) for k, v in (env or {}).items()})
+        argv, stdin = exec_arguments(argv, stdin, timeout)
+        command = self.command(argv, timeout, {str(k): str(v) for k, v in (env or {}).items()})
         started = time.monotonic()
         try:
             process = self._sb.exec(command, cwd=self._path(cwd) if cwd else self.work_dir,

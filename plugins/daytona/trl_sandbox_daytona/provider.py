@@ -52,6 +52,7 @@ from trl_sandbox import (
     SandboxInfo,
     SandboxSpec,
 )
+from trl_sandbox.sandbox import exec_arguments
 from trl_sandbox.settings import flag, number
 
 log = logging.getLogger("trl_sandbox_daytona")
@@ -243,13 +244,8 @@ class DaytonaSandbox:
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
     ) -> ExecResult:
-        if isinstance(argv, (str, bytes)) or not argv:
-            raise TypeError("argv must be a non-empty sequence of strings, e.g. ['python3', '-c', source]")
-        if not timeout or timeout <= 0:
-            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-        program = self._wrap([str(a) for a in argv])
-        if isinstance(stdin, str):
-            stdin = stdin.encode()
+        argv, stdin = exec_arguments(argv, stdin, timeout)
+        program = self._wrap(argv)
         if stdin:
             # Byte-exact stdin: upload it, open it as the program's stdin, unlink it, then exec.
             path = posixpath.join(self.work_dir, f".trl-sandbox-stdin-{uuid.uuid4().hex}")
