@@ -116,14 +116,19 @@ TEARDOWN_SCRIPT = textwrap.dedent(
 ENDINGS = [("normal", 0), ("exception", 1), ("interrupt", -2), ("sigterm", 143)]
 
 
+def _train_and_end(tmp_path: Path, mode: str, record: Path, provider: str) -> subprocess.CompletedProcess:
+    """Train in a subprocess that ends as ``mode`` says; ``record`` gets its journal or sandbox pids."""
+    script = tmp_path / "run.py"
+    script.write_text(TEARDOWN_SCRIPT.format(root=str(ROOT)))
+    return subprocess.run([sys.executable, str(script), mode, str(record), str(tmp_path / "out"), provider],
+                          capture_output=True, text=True, timeout=240)
+
+
 @pytest.mark.parametrize("mode,returncode", ENDINGS)
 def test_pool_is_torn_down_however_training_ends(tmp_path, mode, returncode):
     """TRL does not fire on_train_end on errors: the trainer's try/finally and SIGTERM handler must."""
-    script = tmp_path / "run.py"
-    script.write_text(TEARDOWN_SCRIPT.format(root=str(ROOT)))
     journal = tmp_path / "journal"
-    proc = subprocess.run([sys.executable, str(script), mode, str(journal), str(tmp_path / "out"), "flaky"],
-                          capture_output=True, text=True, timeout=240)
+    proc = _train_and_end(tmp_path, mode, journal, "flaky")
     assert proc.returncode == returncode, proc.stderr[-3000:]
     events = [line.split() for line in journal.read_text().splitlines()]
     created = {i for e, i in events if e == "create"}
@@ -269,11 +274,8 @@ def test_missing_bwrap_fails_at_construction_saying_how_to_install(tmp_path):
 def test_no_local_sandbox_process_survives_however_training_ends(tmp_path, mode, returncode):
     import time
 
-    script = tmp_path / "run.py"
-    script.write_text(TEARDOWN_SCRIPT.format(root=str(ROOT)))
     pid_file = tmp_path / "pids"
-    proc = subprocess.run([sys.executable, str(script), mode, str(pid_file), str(tmp_path / "out"), "local"],
-                          capture_output=True, text=True, timeout=240)
+    proc = _train_and_end(tmp_path, mode, pid_file, "local")
     assert proc.returncode == returncode, proc.stderr[-3000:]
     pids = [int(p) for p in pid_file.read_text().split()]
     assert len(pids) == 2
