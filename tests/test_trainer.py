@@ -79,7 +79,7 @@ def test_every_sandbox_carries_the_run_tags(tmp_path, monkeypatch):
 
 TEARDOWN_SCRIPT = textwrap.dedent(
     """
-    import os, signal, sys
+    import os, signal, sys, time
     sys.path.insert(0, {root!r})
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -92,6 +92,10 @@ TEARDOWN_SCRIPT = textwrap.dedent(
         def on_step_end(self, args, state, control, **kw):
             if state.global_step == 1:
                 if provider == "local":  # the host pids of the live bubblewrap sandboxes
+                    # Warm-up runs beside training: on a loaded machine the second sandbox may still be starting.
+                    deadline = time.monotonic() + 120
+                    while trainer.sandbox_pool.members < 2 and time.monotonic() < deadline:
+                        time.sleep(0.05)
                     pids = [str(s.pid) for s in trainer.sandbox_pool._members.values()]
                     with open(journal, "w") as fh:
                         fh.write(" ".join(pids))
