@@ -50,7 +50,7 @@ def test_endless_programs_time_out(box, argv):
     start = time.monotonic()
     r = box.exec(argv, timeout=0.5)
     assert r.timed_out and r.exit_code == -signal.SIGKILL
-    assert time.monotonic() - start < 3
+    assert time.monotonic() - start < 10  # the program ignores signals or sleeps 30 s
     clean_after(box, r)
 
 
@@ -95,9 +95,9 @@ print('parent done')
 
 @pytest.mark.parametrize("name", sorted(ESCAPES))
 def test_escapes_do_not_outlive_the_exec(box, name):
-    r = box.py(ESCAPES[name], timeout=5)
+    r = box.py(ESCAPES[name], timeout=20)
     assert r.exit_code == 0 and r.stdout == "parent done\n" and not r.timed_out
-    assert r.duration_s < 2, "the exec ends with its own process, not with the leftovers"
+    assert r.duration_s < 10, "the exec ends with its own process, not with the leftovers (which sleep 60 s)"
     clean_after(box, r)
     size = box.exec(["sh", "-c", "cat /tmp/daemon 2>/dev/null | wc -c"]).stdout
     time.sleep(0.1)  # a surviving writer would add a byte every 10 ms
@@ -105,8 +105,8 @@ def test_escapes_do_not_outlive_the_exec(box, name):
 
 
 def test_shell_background_jobs_are_killed(box):
-    r = box.exec(["sh", "-c", "sleep 60 & setsid sleep 60 & nohup sleep 60 >/dev/null 2>&1 & echo started"], timeout=5)
-    assert r.stdout == "started\n" and r.exit_code == 0 and r.duration_s < 2
+    r = box.exec(["sh", "-c", "sleep 60 & setsid sleep 60 & nohup sleep 60 >/dev/null 2>&1 & echo started"], timeout=20)
+    assert r.stdout == "started\n" and r.exit_code == 0 and r.duration_s < 10
     clean_after(box, r)
 
 
@@ -205,7 +205,7 @@ def test_endless_flood_is_capped_and_times_out(box):
 
 def test_program_that_closes_its_streams_is_still_waited_for(box):
     r = box.py("import os, time\nos.close(1); os.close(2)\ntime.sleep(0.3)\nos._exit(4)", timeout=5)
-    assert r.exit_code == 4 and 0.3 <= r.duration_s < 2
+    assert r.exit_code == 4 and 0.3 <= r.duration_s < 4
 
 
 def test_reading_stdin_when_none_is_given_gets_end_of_file(box):
@@ -358,11 +358,11 @@ def test_the_sigchld_code_path_of_older_interpreters():
         h.provider._supervisor_options = {"exit_watch": "sigchld"}
         box = h.create(limits=LIMITS)
         assert box.py("import sys; print('ok'); sys.exit(3)").exit_code == 3
-        r = box.py(ESCAPES["double fork + setsid"], timeout=5)
-        assert r.stdout == "parent done\n" and r.duration_s < 2
+        r = box.py(ESCAPES["double fork + setsid"], timeout=20)
+        assert r.stdout == "parent done\n" and r.duration_s < 10
         clean_after(box, r)
-        r = box.exec(["sh", "-c", "sleep 60 & echo started"], timeout=5)
-        assert r.stdout == "started\n" and r.duration_s < 2
+        r = box.exec(["sh", "-c", "sleep 60 & echo started"], timeout=20)
+        assert r.stdout == "started\n" and r.duration_s < 10
         assert box.py("while True: pass", timeout=0.3).timed_out
         r = box.py("import os, subprocess, time\nos.close(1)\nsubprocess.run(['true'])\ntime.sleep(0.2)")
         assert r.exit_code == 0 and r.duration_s >= 0.2
@@ -396,6 +396,6 @@ def test_fifos_and_devices_left_by_a_program_do_not_hang_the_supervisor(box):
     r = box.exec(["python3", "pipe.py"], timeout=1)  # the real interpreter blocks on the FIFO
     assert r.timed_out
     assert box.exec(["python3", "ctl.py"], timeout=2).exit_code != 0  # not the supervisor's channel
-    assert time.monotonic() - start < 6
+    assert time.monotonic() - start < 15
     clean_after(box, r)
     box.reset()

