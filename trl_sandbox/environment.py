@@ -3,8 +3,15 @@
 TRL builds environment instances, calls ``reset(**row)`` at the start of every rollout, exposes
 the public methods as tools, and calls ``get_reward()`` at the end; it never closes them. So an
 instance never owns a sandbox: it checks one out of the trainer's pool for the episode and gives
-it back at the next ``reset`` (or when the pool closes, which reclaims everything). Every tool
-call has a deadline; what the model's commands do inside the sandbox is returned as text.
+it back once the episode is scored (or at the next ``reset``, or when the pool closes, which
+reclaims everything). All of a batch's episodes hold a sandbox at once and the judge needs one
+more, so the pool grows to the number of episodes under way plus ``JUDGE_HEADROOM``; without
+that, the last episode or the judge would wait forever for a sandbox no one gives back.
+
+Every tool call has a deadline; what the model's commands do inside the sandbox is returned as
+text. A sandbox that cannot be had or is lost never raises out of ``reset`` or ``get_reward``
+(that would end training): tools then report the failure to the model, and the episode's reward
+is ``None``, an infrastructure failure that TRL leaves out.
 
 Usage: ``SandboxGRPOTrainer(..., environment_factory=SandboxEnvironment)``; the trainer binds
 its pool and sizes it so that every rollout of a batch can hold a sandbox at once.
@@ -13,13 +20,33 @@ its pool and sizes it so that every rollout of a batch can hold a sandbox at onc
 from __future__ import annotations
 
 import json
+import logging
 import shlex
+import threading
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
 from .pool import SandboxPool
 from .sandbox import ExecResult, InfraError, Sandbox
 from .scoring import Scorer
+
+log = logging.getLogger("trl_sandbox")
+
+#: Sandboxes kept beyond those held by episodes, for the judge of ``run_tests`` and ``get_reward``
+#: (one judging while the one used before it is being reset).
+JUDGE_HEADROOM = 2
+
+_held: weakref.WeakKeyDictionary[SandboxPool, int] = weakref.WeakKeyDictionary()
+_held_lock = threading.Lock()
+
+
+def _count_holder(pool: SandboxPool, delta: int) -> int:
+    """Change and return how many episodes hold a sandbox of ``pool``."""
+    with _held_lock:
+        held = max(0, _held.get(pool, 0) + delta)
+        _held[pool] = held
+        return held
 
 
 def _render(result: ExecResult, limit: int) -> str:
@@ -51,6 +78,7 @@ class SandboxEnvironment:
         self.tool_timeout = tool_timeout
         self.max_output_chars = max_output_chars
         self._sandbox: Sandbox | None = None
+        self._lost: str | None = None  # why the episode has no sandbox, when it lost it
         self._row: dict[str, Any] = {}
 
     # -- episode -----------------------------------------------------------------------------
@@ -59,6 +87,7 @@ class SandboxEnvironment:
         """Start an episode for ``row``: a clean sandbox, with ``row["files"]`` (path -> text) written in."""
         self._release()
         self._row = dict(row)
+        self._lost = None
         files = row.get("files") or {}
         if isinstance(files, str):
             files = json.loads(files)
@@ -66,14 +95,28 @@ class SandboxEnvironment:
             return None  # the probe instance TRL builds at construction time
         if not self._pool.started:
             self._pool.start(wait=False)
-        self._sandbox = self._pool.loop.run(self._pool.checkout())
-        for path, text in dict(files).items():
-            self._call(self._sandbox.write_file(path, str(text).encode()))
+        self._pool.grow(_count_holder(self._pool, +1) + JUDGE_HEADROOM)
+        try:
+            self._sandbox = self._pool.loop.run(self._pool.checkout())
+        except InfraError as exc:
+            _count_holder(self._pool, -1)
+            self._lose(exc)
+            return row.get("observation")
+        try:
+            for path, text in dict(files).items():
+                self._call(self._sandbox.write_file(path, str(text).encode()))
+        except InfraError as exc:
+            self._lose(exc)
         return row.get("observation")
+
+    def _lose(self, exc: BaseException) -> None:
+        self._lost = str(exc)
+        log.warning("an episode lost its sandbox: %s", exc)
 
     def _release(self, broken: bool = False) -> None:
         if self._sandbox is not None and self._pool is not None:
             self._pool.checkin(self._sandbox, broken=broken)
+            _count_holder(self._pool, -1)
         self._sandbox = None
 
     def _call(self, coro):
@@ -83,13 +126,16 @@ class SandboxEnvironment:
             return self._pool.loop.run(
                 _with_deadline(coro, self.tool_timeout + self._pool.settings.exec_slack_s)
             )
-        except InfraError:
+        except InfraError as exc:
             self._release(broken=True)
+            self._lost = str(exc)
             raise
 
     def _need_sandbox(self) -> Sandbox:
         if self._sandbox is None:
-            raise RuntimeError("no episode is running: the sandbox was lost or reset() was not called")
+            if self._lost:
+                raise InfraError(f"the episode's sandbox is unavailable ({self._lost}); nothing can run in it")
+            raise RuntimeError("no episode is running: call reset() first (get_reward() ends an episode)")
         return self._sandbox
 
     # -- tools -------------------------------------------------------------------------------
@@ -134,24 +180,38 @@ class SandboxEnvironment:
     # -- reward ------------------------------------------------------------------------------
 
     def get_reward(self) -> float | None:
-        """The reward scheme's value for the final solution file (``None`` on infrastructure failure)."""
+        """The reward scheme's value for the final solution file (``None`` on infrastructure failure).
+
+        The episode is over once it is scored, so its sandbox goes back to the pool before the
+        judge runs: the judge gets a sandbox even when every other one is held by an episode.
+        """
         try:
-            return self._judge().reward
+            code = self._final_code()
+        except InfraError:
+            return None
+        finally:
+            self._release()
+        try:
+            return self._score(code).reward
         except InfraError:
             return None
 
     def _judge(self):
-        if self._scorer is None:
-            raise RuntimeError("SandboxEnvironment needs the trainer's scorer: pass it via SandboxGRPOTrainer")
+        return self._score(self._final_code())
+
+    def _final_code(self) -> str:
         path = self._row.get("solution_path", "solution.py")
+        sandbox = self._need_sandbox()
         try:
-            code = self._call(self._need_sandbox().read_file(path)).decode(errors="replace")
+            return self._call(sandbox.read_file(path)).decode(errors="replace")
         except InfraError:
             raise
-        except RuntimeError:
-            raise InfraError("the episode's sandbox was lost") from None
         except Exception:  # no solution file: the model wrote nothing, scored as missing code
-            code = ""
+            return ""
+
+    def _score(self, code: str):
+        if self._scorer is None:
+            raise RuntimeError("SandboxEnvironment needs the trainer's scorer: pass it via SandboxGRPOTrainer")
         row: Mapping[str, Any] = self._row
         (outcome,) = self._scorer.score([code], [row])
         return outcome

@@ -176,6 +176,24 @@ class SandboxPool:
         if wait:
             self.wait_ready()
 
+    def grow(self, size: int) -> None:
+        """Raise the pool's size to at least ``size`` (it never shrinks); the new sandboxes start warming now.
+
+        Multi-turn episodes hold a sandbox each for their whole length, so the number needed is
+        only known when episodes start; a fixed size would leave the last ones (and the judge)
+        waiting for a sandbox that no one gives back.
+        """
+        with self._state_lock:
+            if size <= self.size:
+                return
+            self.size = size
+            running = self._started and not self._closed and self._loop is not None
+        if running:
+            if self._loop.in_loop():
+                self._refill()
+            else:
+                self._loop.loop.call_soon_threadsafe(self._refill)
+
     def wait_ready(self, timeout: float | None = None) -> None:
         """Block until at least one sandbox is up; raise if none could be created."""
         self.loop.run(self.aready(), timeout=timeout)

@@ -27,7 +27,7 @@ from typing import Any
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
-from .environment import SandboxEnvironment
+from .environment import JUDGE_HEADROOM, SandboxEnvironment
 from .plugins import make_provider
 from .pool import PoolSettings, SandboxPool
 from .rewards import SandboxReward
@@ -318,12 +318,13 @@ class SandboxGRPOTrainer(GRPOTrainer):
         """Give ``SandboxEnvironment`` episodes the trainer's pool, sized for a whole batch of rollouts."""
         if not _is_sandbox_environment(factory):
             return factory
-        # Every rollout of a generation batch holds its sandbox until the next reset.
-        rollouts = args.per_device_train_batch_size * args.steps_per_generation
-        if self.sandbox_pool.size < rollouts:
-            log.warning("sandbox_pool_size raised from %d to %d: each rollout holds a sandbox for its episode",
-                        self.sandbox_pool.size, rollouts)
-            self.sandbox_pool.size = rollouts
+        # Every rollout of a generation batch holds its sandbox for its episode, and the judge needs
+        # more; warm that many from the start (episodes grow the pool further if a batch needs it).
+        needed = args.per_device_train_batch_size * args.steps_per_generation + JUDGE_HEADROOM
+        if self.sandbox_pool.size < needed:
+            log.warning("sandbox_pool_size raised from %d to %d: each rollout of a batch holds a sandbox for its "
+                        "episode, plus %d for the judge", self.sandbox_pool.size, needed, JUDGE_HEADROOM)
+            self.sandbox_pool.size = needed
         scorer = Scorer(self.sandbox_pool, scheme=args.sandbox_reward_scheme, cache_size=0,
                         timeout=args.sandbox_timeout)
         return functools.partial(factory, pool=self.sandbox_pool, scorer=scorer)
