@@ -88,6 +88,7 @@ def test_grpo_with_sandbox_environment_runs_the_tool_and_scores_the_episode(tmp_
     assert len(logs) == 2
     assert all(r["rewards/SandboxEnvironment/mean"] == 1.0 for r in logs), logs
     assert all(r["tools/call_frequency"] > 0 and r["tools/failure_frequency"] == 0 for r in logs), logs
+    assert all(r["sandbox/passed"] == 4 and r["sandbox/pass_rate"] == 1.0 and r["sandbox/infra"] == 0 for r in logs)
     # Each of the batch's four episodes held a sandbox of its own, and the judge had room beside them.
     assert trainer.sandbox_pool.size == 4 + JUDGE_HEADROOM
     assert trainer.sandbox_pool.members == 0, "the pool is torn down after training"

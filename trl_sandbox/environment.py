@@ -24,6 +24,7 @@ import logging
 import shlex
 import threading
 import weakref
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -59,6 +60,23 @@ def _render(result: ExecResult, limit: int) -> str:
     return f"[{status}]\n{text}" if text else f"[{status}]"
 
 
+class EpisodeTally:
+    """Statuses of the episodes scored since the last ``drain`` (the trainer logs them per step)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: Counter[str] = Counter()
+
+    def add(self, status: str) -> None:
+        with self._lock:
+            self._counts[status] += 1
+
+    def drain(self) -> Counter[str]:
+        with self._lock:
+            counts, self._counts = self._counts, Counter()
+        return counts
+
+
 class SandboxEnvironment:
     """An episode in one sandbox: tools ``bash``, ``read_file``, ``write_file``, ``run_tests``.
 
@@ -72,9 +90,11 @@ class SandboxEnvironment:
         scorer: Scorer | None = None,
         tool_timeout: float = 10.0,
         max_output_chars: int = 4000,
+        tally: EpisodeTally | None = None,
     ) -> None:
         self._pool = pool
         self._scorer = scorer
+        self._tally = tally
         self.tool_timeout = tool_timeout
         self.max_output_chars = max_output_chars
         self._sandbox: Sandbox | None = None
@@ -187,14 +207,19 @@ class SandboxEnvironment:
         """
         try:
             code = self._final_code()
+            outcome = None
         except InfraError:
-            return None
+            outcome = "infra"
         finally:
             self._release()
-        try:
-            return self._score(code).reward
-        except InfraError:
-            return None
+        if outcome is None:
+            try:
+                outcome = self._score(code)
+            except InfraError:
+                outcome = "infra"
+        if self._tally is not None:
+            self._tally.add(outcome if isinstance(outcome, str) else outcome.status)
+        return None if isinstance(outcome, str) else outcome.reward
 
     def _judge(self):
         return self._score(self._final_code())

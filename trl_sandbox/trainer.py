@@ -27,14 +27,14 @@ from typing import Any
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
-from .environment import JUDGE_HEADROOM, SandboxEnvironment
+from .environment import JUDGE_HEADROOM, EpisodeTally, SandboxEnvironment
 from .plugins import make_provider
 from .pool import PoolSettings, SandboxPool
 from .rewards import SandboxReward
 from .sandbox import ConfigError, ResourceLimits, SandboxSpec
 from .scoring import Scorer
 from .tags import RunInfo, collect_tags, new_run_id
-from .tasks import TASK_COLUMN, resolve_task
+from .tasks import STATUSES, TASK_COLUMN, resolve_task
 
 log = logging.getLogger("trl_sandbox")
 
@@ -232,8 +232,15 @@ class SandboxLifecycleCallback(TrainerCallback):
             return
         step_s = time.perf_counter() - self._step_t0
         reward_s = self.trainer.sandbox_reward_seconds() - self._reward_s0
+        metrics = self.trainer._metrics["train"]
         if step_s > 0:
-            self.trainer._metrics["train"]["sandbox/reward_time_share"].append(min(1.0, reward_s / step_s))
+            metrics["sandbox/reward_time_share"].append(min(1.0, reward_s / step_s))
+        # Episodes of SandboxEnvironment are scored through TRL's get_reward, which passes no log_metric.
+        episodes = self.trainer.sandbox_episodes.drain()
+        if episodes:
+            for status in STATUSES:
+                metrics[f"sandbox/{status}"].append(float(episodes[status]))
+            metrics["sandbox/pass_rate"].append(episodes["passed"] / sum(episodes.values()))
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         name = getattr(args, "sandbox_metrics_file", "metrics.jsonl")
@@ -281,6 +288,7 @@ class SandboxGRPOTrainer(GRPOTrainer):
             size=args.sandbox_pool_size,
             settings=PoolSettings(max_attempts=args.sandbox_max_attempts),
         )
+        self.sandbox_episodes = EpisodeTally()  # outcomes of SandboxEnvironment episodes, logged per step
         self.sandbox_run = RunInfo(run_id=os.environ.get("TRL_SANDBOX_RUN_ID") or new_run_id(), args=args)
         self.sandbox_run.model_name = model if isinstance(model, str) else getattr(
             getattr(model, "config", None), "_name_or_path", None
@@ -327,7 +335,7 @@ class SandboxGRPOTrainer(GRPOTrainer):
             self.sandbox_pool.size = needed
         scorer = Scorer(self.sandbox_pool, scheme=args.sandbox_reward_scheme, cache_size=0,
                         timeout=args.sandbox_timeout)
-        return functools.partial(factory, pool=self.sandbox_pool, scorer=scorer)
+        return functools.partial(factory, pool=self.sandbox_pool, scorer=scorer, tally=self.sandbox_episodes)
 
     def _new_reward(self, args: SandboxGRPOConfig) -> SandboxReward:
         return SandboxReward(
