@@ -79,6 +79,36 @@ def test_call_style_dataset_rows_are_scored_without_registration(pool):
     assert outcomes[2].reward == 0.25
 
 
+def test_numeric_results_cross_back_exactly_and_floats_match_within_rounding(pool):
+    """Fractions, Decimals and complex numbers are values, not objects with a rigged __eq__."""
+    tasks = {
+        "half": {"prompt": "def half(x):\n", "func_name": "half", "banned_patterns": [], "tests": ["1", "3", "-7"],
+                 "reference": "import fractions\ndef half(x):\n    return fractions.Fraction(x, 2)\n"},
+        "cents": {"prompt": "def cents(x):\n", "func_name": "cents", "banned_patterns": [], "tests": ["'1.10'", "'2.5'"],
+                  "reference": "import decimal\ndef cents(x):\n    return decimal.Decimal(x) * 100\n"},
+        "rot": {"prompt": "def rot(x):\n", "func_name": "rot", "banned_patterns": [], "tests": ["1", "2.5"],
+                "reference": "lambda x: complex(0, x)"},
+        "mean": {"prompt": "def mean(xs):\n", "func_name": "mean", "banned_patterns": [],
+                 "tests": ["[0.1] * 10", "[1e-3, 2e-3, 3e-3]", "[0.0]"], "reference": "lambda xs: sum(xs) / len(xs)"},
+    }
+    rows = {row["task_id"]: row for row in tasks_from_dict(tasks)}
+    cases = [
+        ("half", "    import fractions\n    return fractions.Fraction(x) / 2\n", "passed"),
+        ("half", "    return x / 2\n", "passed"),  # Python's own equality: 1.5 == Fraction(3, 2)
+        ("half", "    return x // 2\n", "failed"),
+        ("cents", "    import decimal\n    return decimal.Decimal(x) * decimal.Decimal('100')\n", "passed"),
+        ("cents", "    return float(x) * 100\n", "failed"),  # 110.00000000000001 is not Decimal('110.00')
+        ("rot", "    return 1j * x\n", "passed"),
+        ("mean", "    import math\n    return math.fsum(reversed(xs)) / len(xs)\n", "passed"),  # other rounding
+        ("mean", "    return sum(xs) / len(xs) + 1e-6\n", "failed"),
+        ("half", "    class Liar(int):\n        def __eq__(self, other):\n            return True\n"
+                 "    return Liar(0)\n", "failed"),
+    ]
+    outcomes = Scorer(pool, cache_size=0).score([c for _, c, _ in cases], [rows[t] for t, _, _ in cases])
+    got = [o.status for o in outcomes]
+    assert got == [want for _, _, want in cases], list(zip(got, [o.detail for o in outcomes]))
+
+
 def test_check_style_rows(pool):
     row = {
         "prompt": "def add(a, b):\n",
@@ -146,3 +176,22 @@ def test_load_tasks_validate_raises_for_a_broken_registered_task_set(monkeypatch
 def test_tasks_from_dict_rejects_incomplete_entries():
     with pytest.raises(ConfigError, match="lacks reference"):
         tasks_from_dict({"t": {"prompt": "p", "func_name": "f", "tests": ["1"]}})
+
+
+def test_the_host_decodes_only_plain_data_and_exact_value_types():
+    import collections
+    import decimal
+    import fractions
+    import pickle
+
+    from trl_sandbox.judge import NotPlainData, plain_loads
+
+    plain = [1, 2.5, 1j, "s", b"b", (None, True), {"k": {1, 2}}, frozenset({3}),
+             fractions.Fraction(1, 3), decimal.Decimal("1.10")]
+    assert plain_loads(pickle.dumps(plain)) == plain
+    for value in (collections.OrderedDict(a=1), fractions, print, object()):
+        with pytest.raises((NotPlainData, pickle.PicklingError, TypeError)):
+            plain_loads(pickle.dumps(value))
+    # A hand-written pickle that calls os.system: refused before anything runs.
+    with pytest.raises(NotPlainData, match="system"):
+        plain_loads(b"cos\nsystem\n(S'true'\ntR.")

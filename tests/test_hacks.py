@@ -76,18 +76,21 @@ CALL_HACKS = {
                              "def max_subarray_sum(xs):\n    return 0\n",
     "kill_the_judge": "import os\nos.kill(os.getppid(), 9)\n",
     "stop_the_judge": "import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)\n",
-    # A reply forged mid-call, with the right sequence number and the right value, as Fraction(v)
-    # (equal to v, but not plain data); then the real reply (0) follows out of turn.
-    "forge_protocol_replies": "import os, pickle\nfrom fractions import Fraction\ncalls = [0]\n"
+    # A reply forged mid-call, with the right sequence number and the right value; then the real
+    # reply (0) follows out of turn. Breaking the protocol voids every test.
+    "forge_protocol_replies": "import os, pickle\ncalls = [0]\n"
                               "def max_subarray_sum(xs):\n    calls[0] += 1\n"
                               "    best = cur = xs[0]\n    for x in xs[1:]:\n"
                               "        cur = max(x, cur + x)\n        best = max(best, cur)\n"
-                              "    data = pickle.dumps(('ok', calls[0], pickle.dumps(Fraction(best))))\n"
+                              "    data = pickle.dumps(('ok', calls[0], pickle.dumps(best)))\n"
                               "    for n in range(3, 64):\n        try:\n"
                               "            os.write(n, len(data).to_bytes(4, 'big') + data)\n"
                               "        except OSError:\n            pass\n    return 0\n",
-    "fraction_equal_to_the_answer": "from fractions import Fraction\n"
-                                    "def max_subarray_sum(xs):\n    return Fraction(5)\n",
+    # Fraction is a value type that may cross back: a subclass must arrive as its plain value.
+    "rigged_fraction_subclass": "from fractions import Fraction\n"
+                                "class F(Fraction):\n    def __eq__(self, other):\n        return True\n"
+                                "    __hash__ = Fraction.__hash__\n"
+                                "def max_subarray_sum(xs):\n    return F(-10 ** 9)\n",
 }
 
 # Digs the execution's nonce out of the sandbox's memory (stale copies of stdin) and writes a

@@ -32,9 +32,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+import decimal
+import fractions
 import hmac
 import io
 import json
+import math
 import pickle
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -59,17 +62,30 @@ class NotPlainData(Exception):
     """A pickle that names a class: refused (only plain builtin data may cross the boundary)."""
 
 
+# Exact numeric value types a result may be, besides builtin containers and scalars. Their
+# constructors have no side effects, and equality between two of them depends on value alone.
+_VALUE_CLASSES: dict[tuple[str, str], type] = {
+    ("builtins", "complex"): complex,
+    ("fractions", "Fraction"): fractions.Fraction,
+    ("decimal", "Decimal"): decimal.Decimal,
+}
+
+
 class _PlainUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str):  # noqa: D401
-        raise NotPlainData(f"{module}.{name}")
+        try:
+            return _VALUE_CLASSES[(module, name)]
+        except KeyError:
+            raise NotPlainData(f"{module}.{name}") from None
 
     def persistent_load(self, pid):
         raise NotPlainData("persistent id")
 
 
 def plain_loads(data: bytes) -> Any:
-    """Decode a pickle that may hold only plain data (None, bool, int, float, str, bytes,
-    bytearray, list, tuple, dict, set, frozenset). Raises ``NotPlainData`` for anything else."""
+    """Decode a pickle that may hold only plain data (None, bool, int, float, complex, str, bytes,
+    bytearray, list, tuple, dict, set, frozenset, Fraction, Decimal). Raises ``NotPlainData`` for
+    anything else."""
     return _PlainUnpickler(io.BytesIO(data)).load()
 
 
@@ -268,6 +284,7 @@ def call_outcome(
             if not first_problem and kind != "not_run":
                 first_problem = f"test {i + 1}: {_describe(test)}"
         passes.append(ok)
+    passes = _void_on_protocol_error(verdict, passes)
     passed = sum(passes)
     if timed_out:
         status = "timeout"
@@ -280,11 +297,41 @@ def call_outcome(
     return Outcome(status, passed=passed, total=total, detail=first_problem[:500], tests=tuple(passes))
 
 
+def _void_on_protocol_error(verdict: Verdict, passes: list[bool]) -> list[bool]:
+    """No test counts once the candidate broke the call protocol.
+
+    Honest code never writes to the judge's pipe; a reply forged there, or one out of turn, is
+    an attempt to answer outside the call, so the tests it might have answered do not pass.
+    """
+    if any(isinstance(t, Mapping) and t.get("kind") == "protocol" for t in verdict.tests):
+        return [False] * len(passes)
+    return passes
+
+
+#: Float results match the reference's within this relative (and, near zero, absolute) tolerance:
+#: a correct solution that sums in another order must not be scored wrong.
+FLOAT_REL_TOL = 1e-9
+FLOAT_ABS_TOL = 1e-12
+
+
 def _equal(value: Any, expected: Any) -> bool:
+    """``value == expected``, except that floats inside may differ by rounding."""
     try:
-        return bool(value == expected)
+        return _close(value, expected, 0)
     except RecursionError:
         return False
+
+
+def _close(value: Any, expected: Any, depth: int) -> bool:
+    if depth > 200:
+        raise RecursionError
+    if type(expected) is float and type(value) in (float, int):
+        return math.isclose(value, expected, rel_tol=FLOAT_REL_TOL, abs_tol=FLOAT_ABS_TOL)
+    if type(expected) in (list, tuple) and type(value) is type(expected):
+        return len(value) == len(expected) and all(_close(v, e, depth + 1) for v, e in zip(value, expected))
+    if type(expected) is dict and type(value) is dict:
+        return value.keys() == expected.keys() and all(_close(value[k], expected[k], depth + 1) for k in expected)
+    return bool(value == expected)
 
 
 def check_outcome(result: ExecResult, nonce: bytes | None, total: int) -> Outcome:
@@ -320,6 +367,7 @@ def check_outcome(result: ExecResult, nonce: bytes | None, total: int) -> Outcom
         elif not ok and wording == "passed":
             wording = "timed out" if kind == "timeout" else f"failed: {test.get('message', '')}"
         passes.append(ok)
+    passes = _void_on_protocol_error(verdict, passes)
     passed = sum(passes)
     if total and passed == total:
         status = "passed"

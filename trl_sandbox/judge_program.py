@@ -13,9 +13,9 @@ cannot read its memory or its file descriptors through /proc or ptrace), forks t
 process, and talks to it over a pipe pair. The candidate process first zeroes its copy of the
 nonce, closes stdin and the real stdout (its prints go to stderr), drops the task's banned
 builtins, execs the candidate source and then serves call requests. Everything it sends back is
-decoded with an unpickler that refuses every class, so only plain data (None, bool, int, float,
-str, bytes, bytearray, list, tuple, dict, set, frozenset) can come back: no object with a rigged
-``__eq__``. Whatever the candidate does (exit, kill, loop, print), the judge alone writes to the
+decoded with an unpickler that refuses every class but three exact value types, so only plain
+data (None, bool, int, float, complex, str, bytes, bytearray, list, tuple, dict, set, frozenset,
+fractions.Fraction, decimal.Decimal) can come back: no object with a rigged ``__eq__``. Whatever the candidate does (exit, kill, loop, print), the judge alone writes to the
 real stdout, once: ``MARKER NONCE_HEX JSON``. The host accepts only a line with the right nonce.
 
 Modes (from the judge part):
@@ -36,6 +36,7 @@ import binascii
 import io
 import os
 import select
+import sys
 import time
 
 MARKER = b"@@trl-sandbox-verdict@@"
@@ -70,10 +71,16 @@ class _NotPlain(Exception):
     pass
 
 
+# The only classes a result may name: exact numeric value types whose constructors have no effects.
+_VALUE_CLASSES = {("builtins", "complex"), ("fractions", "Fraction"), ("decimal", "Decimal")}
+
+
 class _PlainUnpickler(_pickle.Unpickler):
-    """Refuses every class and every persistent id: only plain builtin data can be decoded."""
+    """Refuses every class but ``_VALUE_CLASSES`` and every persistent id: only plain data decodes."""
 
     def find_class(self, module, name):
+        if (module, name) in _VALUE_CLASSES:
+            return getattr(__import__(module), name)
         raise _NotPlain("%s.%s" % (module, name))
 
     def persistent_load(self, pid):
@@ -168,6 +175,15 @@ def _plain(value, memo, depth=0):
         return frozenset(_plain(item, memo, depth + 1) for item in value)
     if isinstance(value, set):
         return set(_plain(item, memo, depth + 1) for item in value)
+    if isinstance(value, complex):
+        return complex(float(value.real), float(value.imag))
+    # A Fraction or Decimal result means its module is loaded; nothing is imported for other results.
+    fractions = sys.modules.get("fractions")
+    if fractions is not None and isinstance(value, fractions.Fraction):
+        return fractions.Fraction(int(value.numerator), int(value.denominator))
+    decimal = sys.modules.get("decimal")
+    if decimal is not None and isinstance(value, decimal.Decimal):
+        return decimal.Decimal(decimal.Decimal.__str__(value))
     raise TypeError("result of type %s is not plain data" % t.__name__)
 
 
