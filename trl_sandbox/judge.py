@@ -317,7 +317,7 @@ FLOAT_ABS_TOL = 1e-12
 def _equal(value: Any, expected: Any) -> bool:
     """``value == expected``, except that floats inside may differ by rounding."""
     try:
-        return _close(value, expected, 0)
+        return bool(value == expected) or _close(value, expected, 0)  # the walk only for near misses
     except RecursionError:
         return False
 
