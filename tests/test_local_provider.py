@@ -411,3 +411,21 @@ def test_which_argv_forms_take_the_fork_server(box):
     for argv in fresh:
         assert box.exec(argv, stdin=probe).stdout == "False\n", argv
     assert box.exec(["python3", "-c", probe], env={"PYTHONHASHSEED": "0"}).stdout == "False\n"
+
+
+def test_closing_pools_leaves_asyncio_child_watching_undisturbed(caplog):
+    """Stopping a sandbox signals bwrap without reaping it behind asyncio's child watcher.
+
+    ``Popen.kill()`` polls with ``waitpid`` first; when it won the race against the watcher
+    thread, asyncio logged "Unknown child process pid ..., will report returncode 255".
+    """
+    import logging
+
+    from trl_sandbox.pool import SandboxPool
+
+    caplog.set_level(logging.WARNING, logger="asyncio")
+    for _ in range(8):
+        with SandboxPool.open("local", size=2) as pool:
+            for _ in range(5):
+                assert pool.run(["python3", "-c", "print(1)"], timeout=5).stdout == "1\n"
+    assert not [r.getMessage() for r in caplog.records if r.name == "asyncio"]

@@ -50,6 +50,7 @@ import marshal
 import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 import uuid
@@ -443,6 +444,14 @@ class LocalSandbox:
         self._grace = provider._grace
         self._max_output = spec.limits.output_bytes
         self._lifetime = asyncio.get_running_loop().call_later(spec.lifetime_s, self._expire)
+        self._kill_sent = False
+        # Signal bwrap through a pidfd: Popen.kill() first polls the child with waitpid, which can
+        # reap it under asyncio's child watcher (a spurious "Unknown child process" warning),
+        # and a bare pid could be reused once the process is reaped.
+        try:
+            self._pidfd: int | None = os.pidfd_open(proc.pid)
+        except (AttributeError, OSError):
+            self._pidfd = None
 
     @property
     def pid(self) -> int:
@@ -459,9 +468,13 @@ class LocalSandbox:
             self._dead = reason
             self._dead_by_host = by_host
             log.debug("sandbox %s is dead: %s", self.id, reason)
-        if self._proc.returncode is None:
+        if self._proc.returncode is None and not self._kill_sent:
+            self._kill_sent = True
             try:
-                self._proc.kill()
+                if self._pidfd is not None:
+                    signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+                else:
+                    self._proc.kill()
             except ProcessLookupError:
                 pass
 
@@ -494,6 +507,9 @@ class LocalSandbox:
         transport = getattr(self._proc, "_transport", None)
         if transport is not None:
             transport.close()
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
 
     # -- transport -----------------------------------------------------------------------------
 
