@@ -6,7 +6,7 @@ import inspect
 
 import pytest
 
-from trl_sandbox import InfraError, SandboxEnvironment
+from trl_sandbox import InfraError, QuotaError, SandboxEnvironment
 from trl_sandbox.environment import JUDGE_HEADROOM
 from trl_sandbox.pool import PoolSettings, SandboxPool
 from trl_sandbox.scoring import Scorer
@@ -58,16 +58,36 @@ def test_episodes_grow_the_pool_so_the_judge_is_never_starved(flaky_provider):
         pool.close()
 
 
-def test_an_episode_that_cannot_get_a_sandbox_scores_none_and_never_raises(flaky_provider):
+def test_a_pool_that_never_came_up_fails_the_first_episode_with_the_setup_error(flaky_provider):
     provider = flaky_provider(create_quota=True)
-    pool = SandboxPool(provider, size=1, settings=PoolSettings(backoff_initial_s=0.01, max_attempts=1,
-                                                               lease_timeout_s=2))
+    pool = SandboxPool(provider, size=1, settings=PoolSettings(backoff_initial_s=0.01, max_attempts=1))
     try:
         env = SandboxEnvironment(pool=pool, scorer=Scorer(pool, cache_size=0), tool_timeout=5)
-        assert env.reset(**ROW, observation="look") == "look"  # no exception: training goes on
+        with pytest.raises(QuotaError):  # at the first step, not after hours of None rewards
+            env.reset(**ROW)
+    finally:
+        pool.close()
+
+
+def test_an_outage_after_start_scores_none_and_never_raises(flaky_provider):
+    provider = flaky_provider()
+    pool = SandboxPool(provider, size=1, settings=PoolSettings(backoff_initial_s=0.01, max_attempts=1,
+                                                               lease_timeout_s=5))
+    pool.start(wait=True)
+    try:
+        scorer = Scorer(pool, cache_size=0)
+        provider.faults.create_failures = 10_000  # the service goes down ...
+        first = SandboxEnvironment(pool=pool, scorer=scorer, tool_timeout=5)
+        first.reset(**ROW)
+        provider.faults.exec_infra_failures = 10_000  # ... taking the live sandbox with it
+        with pytest.raises(InfraError):
+            first.bash("ls")
+        assert first.get_reward() is None
+        second = SandboxEnvironment(pool=pool, scorer=scorer, tool_timeout=5)
+        assert second.reset(**ROW, observation="look") == "look"  # no exception: training goes on
         with pytest.raises(InfraError, match="unavailable"):  # TRL hands this to the model as a tool error
-            env.bash("ls")
-        assert env.get_reward() is None  # an infrastructure failure, left out of the loss
+            second.bash("ls")
+        assert second.get_reward() is None  # an infrastructure failure, left out of the loss
     finally:
         pool.close()
 

@@ -155,3 +155,24 @@ def test_a_provider_that_raises_something_unexpected_is_an_infra_failure(flaky_p
         with pytest.raises(InfraError, match="ValueError"):
             pool.run(["python3", "-c", "print('a\0b')"], timeout=5)
         assert pool.run(["python3", "-c", "print(1)"], timeout=5).stdout.strip() == "1"
+
+
+def test_jobs_waiting_for_a_sandbox_fail_at_once_when_none_can_exist(flaky_provider):
+    """Losing every sandbox while no create succeeds wakes the waiting jobs with an InfraError
+    (scored None) instead of holding them for the whole lease timeout."""
+    import concurrent.futures
+
+    provider = flaky_provider()
+    settings = PoolSettings(backoff_initial_s=0.01, backoff_max_s=0.02, max_attempts=1, lease_timeout_s=60)
+    with SandboxPool.open(provider, size=1, pool_settings=settings) as pool:
+        held = pool.loop.run(pool.checkout())
+        with concurrent.futures.ThreadPoolExecutor(1) as ex:
+            waiting = ex.submit(pool.run, ["python3", "-c", "pass"], timeout=5)
+            time.sleep(0.3)
+            assert not waiting.done(), "the job waits for the only sandbox"
+            provider.faults.create_failures = 10_000
+            t0 = time.monotonic()
+            pool.checkin(held, broken=True)
+            with pytest.raises(InfraError, match="no sandbox is available"):
+                waiting.result(timeout=30)
+            assert time.monotonic() - t0 < 30

@@ -9,9 +9,10 @@ more, so the pool grows to the number of episodes under way plus ``JUDGE_HEADROO
 that, the last episode or the judge would wait forever for a sandbox no one gives back.
 
 Every tool call has a deadline; what the model's commands do inside the sandbox is returned as
-text. A sandbox that cannot be had or is lost never raises out of ``reset`` or ``get_reward``
-(that would end training): tools then report the failure to the model, and the episode's reward
-is ``None``, an infrastructure failure that TRL leaves out.
+text. Once the pool has been up, a sandbox that cannot be had or is lost never raises out of
+``reset`` or ``get_reward`` (that would end training): tools then report the failure to the
+model, and the episode's reward is ``None``, an infrastructure failure that TRL leaves out.
+Before any sandbox was ever up, the first ``reset`` raises the setup error instead.
 
 Usage: ``SandboxGRPOTrainer(..., environment_factory=SandboxEnvironment)``; the trainer binds
 its pool and sizes it so that every rollout of a batch can hold a sandbox at once.
@@ -115,6 +116,10 @@ class SandboxEnvironment:
             return None  # the probe instance TRL builds at construction time
         if not self._pool.started:
             self._pool.start(wait=False)
+        if not self._pool.ever_up:
+            # Before any sandbox was ever up, a failure is a setup error (no key, no quota, no
+            # bwrap): raise it now rather than train on nothing. Later outages score None.
+            self._pool.wait_ready()
         self._pool.grow(_count_holder(self._pool, +1) + JUDGE_HEADROOM)
         try:
             self._sandbox = self._pool.loop.run(self._pool.checkout())

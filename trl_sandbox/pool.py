@@ -118,6 +118,7 @@ class SandboxPool:
         self._closed = False
         self._started = False
         self._state_lock = threading.Lock()
+        self.ever_up = False  # a sandbox was up since start(): later outages are transient, not setup errors
 
     # -- lifecycle (sync, any thread) ------------------------------------------------------------
 
@@ -167,6 +168,7 @@ class SandboxPool:
             self._members, self._born, self._tasks = {}, {}, set()
             self._pending_creates = 0
             self._fatal_error = self._last_create_error = None
+            self.ever_up = False
             if tags:
                 self.spec = replace(self.spec, tags={**self.spec.tags, **tags})
             self._loop = LoopThread()
@@ -275,6 +277,7 @@ class SandboxPool:
     async def _astart(self) -> None:
         self._idle = asyncio.Queue()
         self._ready = asyncio.Event()
+        self._failed = asyncio.Event()  # set while no sandbox exists and none can be created
         self._semaphore = asyncio.Semaphore(max(1, self.settings.create_concurrency))
         for _ in range(self.size):
             self._pending_creates += 1
@@ -321,6 +324,8 @@ class SandboxPool:
                 self._fatal_error = exc
             elif not self._members and self._pending_creates <= 1:
                 self._fatal_error = InfraError(f"no sandbox could be created: {exc}")
+            if self._fatal_error is not None:
+                self._failed.set()  # wakes jobs waiting for a sandbox: none is coming
             return
         finally:
             self._pending_creates -= 1
@@ -332,6 +337,8 @@ class SandboxPool:
         self._members[sandbox.id] = sandbox
         self._born[sandbox.id] = time.perf_counter()
         self._fatal_error = None
+        self._failed.clear()
+        self.ever_up = True
         self._count("created")
         self._ready.set()
         self._idle.put_nowait(sandbox)
@@ -389,14 +396,12 @@ class SandboxPool:
             return await self._loop.wrap(self.checkout())
         if self._closed:
             raise InfraError("the sandbox pool is closed")
+        if self._fatal_error is not None and not self._members:
+            raise InfraError(f"no sandbox is available: {self._fatal_error}")
         assert self._idle is not None
         t0 = time.perf_counter()
         self._refill()
-        try:
-            sandbox = await asyncio.wait_for(self._idle.get(), self.settings.lease_timeout_s)
-        except asyncio.TimeoutError as exc:
-            detail = f"; last create error: {self._last_create_error}" if self._last_create_error else ""
-            raise InfraError(f"no sandbox became free within {self.settings.lease_timeout_s:.0f} s{detail}") from exc
+        sandbox = await self._next_idle()
         # Warm: served by a sandbox that already existed when the lease began (possibly after
         # waiting for its reset); cold: the job had to wait for a sandbox to be created.
         warm = self._born.get(sandbox.id, 0.0) < t0
@@ -404,6 +409,31 @@ class SandboxPool:
             self.stats.lease_wait_s.append(time.perf_counter() - t0)
             self.stats.counts["leases_warm" if warm else "leases_cold"] += 1
         return sandbox
+
+    async def _next_idle(self) -> Sandbox:
+        """The next idle sandbox; ``InfraError`` after the lease timeout, or at once when the pool
+        has lost every sandbox and cannot create one (waiting longer would only delay the ``None``)."""
+        if not self._idle.empty():  # the warm path: no futures, no waiting
+            return self._idle.get_nowait()
+        getter = asyncio.ensure_future(self._idle.get())
+        failed = asyncio.ensure_future(self._failed.wait())
+        try:
+            await asyncio.wait({getter, failed}, timeout=self.settings.lease_timeout_s,
+                               return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # cancelled: a sandbox already taken goes back, not astray
+            if getter.done() and not getter.cancelled():
+                self._idle.put_nowait(getter.result())
+            raise
+        finally:
+            failed.cancel()
+            if not getter.done():
+                getter.cancel()  # asyncio.Queue hands a pending item to the next getter
+        if getter.done() and not getter.cancelled():
+            return getter.result()
+        if self._fatal_error is not None and not self._members:
+            raise InfraError(f"no sandbox is available: {self._fatal_error}")
+        detail = f"; last create error: {self._last_create_error}" if self._last_create_error else ""
+        raise InfraError(f"no sandbox became free within {self.settings.lease_timeout_s:.0f} s{detail}")
 
     def checkin(self, sandbox: Sandbox, broken: bool = False) -> None:
         """Give a sandbox back: it is reset and reused, or replaced when ``broken``. Thread-safe."""
