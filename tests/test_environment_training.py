@@ -39,27 +39,16 @@ def _rendered(tokenizer) -> tuple[str, str]:
     return prompt, prompt + COMPLETION + "\n" + tool_turn + "<|im_start|>assistant\n"
 
 
-def _overfit(model, tokenizer, steps: int = 300) -> None:
-    """Teach the model the two assistant turns (loss on those tokens only)."""
-    import torch
+def _overfit(model, tokenizer, steps: int = 400) -> None:
+    """Teach the model the two assistant turns (loss on those tokens only), with the CPU demo's warm start."""
+    from trl_sandbox.presets.cpu_demo import WarmStartSettings, supervised_pass
 
     prompt, after = _rendered(tokenizer)
-    pairs = [(prompt, COMPLETION), (after, AFTER_TOOL)]
-    batches = []
-    for context, answer in pairs:
-        ids_context = tokenizer(context, add_special_tokens=False)["input_ids"]
-        ids_answer = tokenizer(answer, add_special_tokens=False)["input_ids"]
-        ids = torch.tensor([ids_context + ids_answer])
-        labels = torch.tensor([[-100] * len(ids_context) + ids_answer])
-        batches.append((ids, labels))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    model.train()
-    for step in range(steps):
-        ids, labels = batches[step % 2]
-        loss = model(input_ids=ids, labels=labels).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
+    examples = [
+        (tokenizer(context, add_special_tokens=False)["input_ids"], tokenizer(answer, add_special_tokens=False)["input_ids"])
+        for context, answer in ((prompt, COMPLETION), (after, AFTER_TOOL))
+    ]
+    supervised_pass(model, tokenizer, examples, WarmStartSettings(steps=steps, batch_size=2), progress=False)
     model.eval()
     ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
     out = model.generate(ids, max_new_tokens=60, do_sample=False, eos_token_id=tokenizer.eos_token_id,
@@ -72,7 +61,7 @@ def test_grpo_with_sandbox_environment_runs_the_tool_and_scores_the_episode(tmp_
     from trl.chat_template_utils import qwen2_5_chat_template
 
     tokenizer = tiny.chat_tokenizer(qwen2_5_chat_template, _rendered(tiny.chat_tokenizer(qwen2_5_chat_template)))
-    model = tiny.model(tokenizer=tokenizer, max_position_embeddings=4096)
+    model = tiny.model(tok=tokenizer, max_position_embeddings=4096)
     _overfit(model, tokenizer)
 
     args = SandboxGRPOConfig(

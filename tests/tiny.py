@@ -11,8 +11,7 @@ CORPUS = [
 ]
 
 
-@lru_cache(maxsize=1)
-def tokenizer():
+def _byte_bpe(corpus, vocab_size: int, special_tokens: list[str], eos: str):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -20,36 +19,29 @@ def tokenizer():
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=320, special_tokens=["<pad>", "<eos>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        vocab_size=vocab_size, special_tokens=special_tokens, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
-    tok.train_from_iterator(CORPUS * 10, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", padding_side="left")
+    tok.train_from_iterator(list(corpus) * 10, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token=eos, padding_side="left")
+
+
+@lru_cache(maxsize=1)
+def tokenizer():
+    return _byte_bpe(CORPUS, 320, ["<pad>", "<eos>"], "<eos>")
 
 
 def chat_tokenizer(chat_template: str, corpus: tuple[str, ...] = ()):
     """A byte-level BPE tokenizer with ChatML's special tokens and ``chat_template`` (e.g. Qwen2.5's)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE(unk_token=None))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=600, special_tokens=["<pad>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(list(corpus or CORPUS) * 10, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<|im_end|>",
-                                   padding_side="left")
+    fast = _byte_bpe(corpus or CORPUS, 600, ["<pad>", "<|im_start|>", "<|im_end|>"], "<|im_end|>")
     fast.chat_template = chat_template
     return fast
 
 
-def model(seed: int = 0, tokenizer=None, max_position_embeddings: int = 512):
+def model(seed: int = 0, tok=None, max_position_embeddings: int = 512):
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    tok = tokenizer or globals()["tokenizer"]()
+    tok = tok or tokenizer()
     torch.manual_seed(seed)
     config = Qwen2Config(
         vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,

@@ -32,6 +32,7 @@ from typing import Any
 from .pool import SandboxPool
 from .sandbox import ExecResult, InfraError, Sandbox
 from .scoring import Scorer
+from .tasks import Outcome
 
 log = logging.getLogger("trl_sandbox")
 
@@ -211,20 +212,18 @@ class SandboxEnvironment:
         judge runs: the judge gets a sandbox even when every other one is held by an episode.
         """
         try:
-            code = self._final_code()
-            outcome = None
+            code: str | None = self._final_code()
         except InfraError:
-            outcome = "infra"
+            code = None
         finally:
             self._release()
-        if outcome is None:
-            try:
-                outcome = self._score(code)
-            except InfraError:
-                outcome = "infra"
+        try:
+            outcome = self._score(code) if code is not None else Outcome("infra")
+        except InfraError:
+            outcome = Outcome("infra")
         if self._tally is not None:
-            self._tally.add(outcome if isinstance(outcome, str) else outcome.status)
-        return None if isinstance(outcome, str) else outcome.reward
+            self._tally.add(outcome.status)
+        return outcome.reward
 
     def _judge(self):
         return self._score(self._final_code())

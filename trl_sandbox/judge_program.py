@@ -15,8 +15,9 @@ nonce, closes stdin and the real stdout (its prints go to stderr), drops the tas
 builtins, execs the candidate source and then serves call requests. Everything it sends back is
 decoded with an unpickler that refuses every class but three exact value types, so only plain
 data (None, bool, int, float, complex, str, bytes, bytearray, list, tuple, dict, set, frozenset,
-fractions.Fraction, decimal.Decimal) can come back: no object with a rigged ``__eq__``. Whatever the candidate does (exit, kill, loop, print), the judge alone writes to the
-real stdout, once: ``MARKER NONCE_HEX JSON``. The host accepts only a line with the right nonce.
+fractions.Fraction, decimal.Decimal) can come back: no object with a rigged ``__eq__``. Whatever
+the candidate does (exit, kill, loop, print), the judge alone writes to the real stdout, once:
+``MARKER NONCE_HEX JSON``. The host accepts only a line with the right nonce.
 
 Modes (from the judge part):
 

@@ -396,8 +396,7 @@ class SandboxPool:
             return await self._loop.wrap(self.checkout())
         if self._closed:
             raise InfraError("the sandbox pool is closed")
-        if self._fatal_error is not None and not self._members:
-            raise InfraError(f"no sandbox is available: {self._fatal_error}")
+        self._raise_if_unavailable()
         assert self._idle is not None
         t0 = time.perf_counter()
         self._refill()
@@ -409,6 +408,11 @@ class SandboxPool:
             self.stats.lease_wait_s.append(time.perf_counter() - t0)
             self.stats.counts["leases_warm" if warm else "leases_cold"] += 1
         return sandbox
+
+    def _raise_if_unavailable(self) -> None:
+        """Fail at once when every sandbox is lost and none can be created."""
+        if self._fatal_error is not None and not self._members:
+            raise InfraError(f"no sandbox is available: {self._fatal_error}")
 
     async def _next_idle(self) -> Sandbox:
         """The next idle sandbox; ``InfraError`` after the lease timeout, or at once when the pool
@@ -430,8 +434,7 @@ class SandboxPool:
                 getter.cancel()  # asyncio.Queue hands a pending item to the next getter
         if getter.done() and not getter.cancelled():
             return getter.result()
-        if self._fatal_error is not None and not self._members:
-            raise InfraError(f"no sandbox is available: {self._fatal_error}")
+        self._raise_if_unavailable()
         detail = f"; last create error: {self._last_create_error}" if self._last_create_error else ""
         raise InfraError(f"no sandbox became free within {self.settings.lease_timeout_s:.0f} s{detail}")
 
@@ -487,8 +490,7 @@ class SandboxPool:
             log.warning("could not destroy sandbox %s: %r", sandbox.id, exc)
 
     async def _aexec(self, argv, stdin, timeout, files, cwd, env) -> ExecResult:
-        if self._fatal_error is not None and not self._members:
-            raise InfraError(f"no sandbox is available: {self._fatal_error}")
+        self._raise_if_unavailable()
 
         async def attempt() -> ExecResult:
             async with self.lease() as sandbox:

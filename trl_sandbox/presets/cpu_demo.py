@@ -389,9 +389,22 @@ def warm_start(
     progress: bool = True,
 ) -> dict[str, Any]:
     """Supervised pass on the example bodies (loss on body tokens and ``<eos>`` only). Returns stats."""
+    return supervised_pass(model, tokenizer, warm_start_examples(tokenizer, settings), settings,
+                           seed=seed, progress=progress)
+
+
+def supervised_pass(
+    model: Qwen2ForCausalLM,
+    tokenizer: PreTrainedTokenizerFast,
+    examples: Sequence[tuple[list[int], list[int]]],
+    settings: WarmStartSettings = WARM_START,
+    *,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Train on (context ids, answer ids) pairs with the loss on the answer tokens only. Returns stats."""
     import torch
 
-    examples = warm_start_examples(tokenizer, settings)
     rng = random.Random(seed)
     torch.manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate, weight_decay=0.0)
