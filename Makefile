@@ -1,5 +1,5 @@
 # The two commands of the README, plus helpers. Each installs what it needs first (scripts/setup.sh).
-.PHONY: setup demo test lint bench
+.PHONY: setup demo test test-main lint bench
 
 VENV := .venv
 BIN := $(VENV)/bin
@@ -13,9 +13,14 @@ setup:
 demo: setup
 	$(BIN)/trl-sandbox train --preset cpu-demo
 
-## The whole test suite (offline) and the linter.
-test: setup
-	$(BIN)/ruff check trl_sandbox plugins tests benchmarks examples
+## The whole test suite (offline) and the linter, then the suite on the other Pythons the project
+## claims (scripts/test-matrix.sh: 3.10 to 3.13, each in its own .venv-pyX.Y).
+test: test-main
+	bash scripts/test-matrix.sh
+
+## The main suite alone, on .venv's Python.
+test-main: setup
+	$(BIN)/ruff check trl_sandbox plugins tests benchmarks examples scripts
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 lint: setup

@@ -6,13 +6,19 @@
 #                set e.g. TORCH_SPEC=torch to take the newest CUDA build on a GPU machine)
 #   PYTHON       interpreter to build the venv with (default: python3)
 #   EXTRAS       extras of trl-sandbox to install (default: test)
+#   VENV         the virtual environment to build (default: .venv)
+#   SCOPE        full (default): the project with every dependency, torch included;
+#                core: the project and its plugins without torch/trl/transformers, for the
+#                torch-free tests (import, CLI, scoring, content fuzz) on other Pythons
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 EXTRAS=${EXTRAS:-test}
-VENV=.venv
+VENV=${VENV:-.venv}
+SCOPE=${SCOPE:-full}
+case "$SCOPE" in full|core) ;; *) echo "setup: SCOPE must be full or core, not '$SCOPE'" >&2; exit 2 ;; esac
 
 SUDO=""
 if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
@@ -48,17 +54,29 @@ PIP="$VENV/bin/python -m pip --disable-pip-version-check"
 
 # 3. torch first, pinned, so that a newer release with several GB of CUDA packages is not pulled
 #    in as a dependency on a CPU machine.
-if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
+if [ "$SCOPE" = full ] && ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
   $PIP install -q "$TORCH_SPEC"
 fi
 
 # 4. The project and its plugins, editable.
 STAMP="$VENV/.trl-sandbox-installed"
 if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ] || [ -n "$(find plugins -name pyproject.toml -newer "$STAMP" 2>/dev/null)" ]; then
+  # Plugins whose SDK does not support this interpreter (cwsandbox needs 3.11+) are left out.
   PLUGINS=()
+  while read -r p; do
+    [ -n "$p" ] && PLUGINS+=(-e "$p")
+  done < <("$VENV/bin/python" scripts/core_deps.py --plugins)
   for p in plugins/*/; do
-    [ -f "$p/pyproject.toml" ] && PLUGINS+=(-e "$p")
+    case " ${PLUGINS[*]} " in *" $p "*) ;; *) echo "setup: skipping $p: it does not support $("$VENV/bin/python" -V)" >&2 ;; esac
   done
-  $PIP install -q -e ".[${EXTRAS}]" "${PLUGINS[@]}"
+  if [ "$SCOPE" = full ]; then
+    $PIP install -q -e ".[${EXTRAS}]" "${PLUGINS[@]}"
+  else
+    # Everything but the training stack: the project's own light dependencies, the plugins' SDKs
+    # and the test tools, read from the pyproject files so that this list cannot drift.
+    mapfile -t CORE_DEPS < <("$VENV/bin/python" scripts/core_deps.py "$EXTRAS")
+    $PIP install -q "${CORE_DEPS[@]}"
+    $PIP install -q --no-deps -e . "${PLUGINS[@]}"
+  fi
   touch "$STAMP"
 fi

@@ -64,7 +64,7 @@ def test_expected_values_are_computed_on_the_host():
     assert BuiltinTasks().spec("sorting").expected[1] == [1, 2, 3]
     # the program sent to the sandbox carries inputs only, never the expected values
     built = BuiltinTasks().build(SOLUTIONS["max_subarray"], {"task_id": "max_subarray"})
-    assert built.nonce_on_stdin and built.argv[:2] == ("python3", "-c")
+    assert built.nonce_on_stdin and built.argv[:3] == ("python3", "-I", "-c")
     assert repr(spec.expected[5]).encode() not in built.stdin
 
 

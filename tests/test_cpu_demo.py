@@ -92,6 +92,7 @@ def test_warm_start_examples_end_with_eos_and_weigh_wrong_bodies_more():
         assert prompt_ids and tok.decode(prompt_ids) in cpu_demo.prompts().values()
 
 
+@pytest.mark.slow
 def test_short_warm_start_lowers_the_loss_and_is_repeatable(tmp_path):
     short = {"steps": 60}
     a = cpu_demo.build_cpu_demo(seed=3, output_dir=tmp_path, warm_start_settings=short, progress=False)
@@ -117,6 +118,7 @@ def test_preset_registry():
         get_preset("gpu-demo")
 
 
+@pytest.mark.slow
 def test_train_cli_short_run_writes_metrics_plot_and_summary(tmp_path, monkeypatch):
     """``trl-sandbox train --preset cpu-demo`` for 4 steps (warm start cut to 40 steps)."""
     from trl_sandbox import train

@@ -6,7 +6,7 @@ import inspect
 
 import pytest
 
-from trl_sandbox import InfraError, QuotaError, SandboxEnvironment
+from trl_sandbox import QuotaError, SandboxEnvironment
 from trl_sandbox.environment import JUDGE_HEADROOM
 from trl_sandbox.pool import PoolSettings, SandboxPool
 from trl_sandbox.scoring import Scorer
@@ -80,13 +80,11 @@ def test_an_outage_after_start_scores_none_and_never_raises(flaky_provider):
         first = SandboxEnvironment(pool=pool, scorer=scorer, tool_timeout=5)
         first.reset(**ROW)
         provider.faults.exec_infra_failures = 10_000  # ... taking the live sandbox with it
-        with pytest.raises(InfraError):
-            first.bash("ls")
+        assert first.bash("ls").startswith("[error] the sandbox is unavailable")  # a tool never raises
         assert first.get_reward() is None
         second = SandboxEnvironment(pool=pool, scorer=scorer, tool_timeout=5)
         assert second.reset(**ROW, observation="look") == "look"  # no exception: training goes on
-        with pytest.raises(InfraError, match="unavailable"):  # TRL hands this to the model as a tool error
-            second.bash("ls")
+        assert "unavailable" in second.bash("ls")  # the model reads what happened
         assert second.get_reward() is None  # an infrastructure failure, left out of the loss
     finally:
         pool.close()
@@ -101,8 +99,7 @@ def test_a_sandbox_lost_mid_episode_scores_none(flaky_provider):
         env.reset(**ROW)
         env.write_file("answer.txt", "2+2")
         provider.faults.exec_infra_failures = 1
-        with pytest.raises(InfraError):
-            env.bash("true")
+        assert env.bash("true").startswith("[error] the sandbox is unavailable")
         assert env.get_reward() is None, "the file is gone with the sandbox: not the model's fault"
         env.reset(**ROW)  # the next episode gets a fresh sandbox
         env.write_file("answer.txt", "2+2")

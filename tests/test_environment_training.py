@@ -13,6 +13,7 @@ import asyncio
 import json
 import os
 
+import pytest
 from datasets import Dataset
 
 from tests import tiny
@@ -57,6 +58,7 @@ def _overfit(model, tokenizer, steps: int = 400) -> None:
     assert said == COMPLETION, f"the warm start did not take: {said!r}"
 
 
+@pytest.mark.slow
 def test_grpo_with_sandbox_environment_runs_the_tool_and_scores_the_episode(tmp_path):
     from trl.chat_template_utils import qwen2_5_chat_template
 

@@ -176,3 +176,12 @@ def test_jobs_waiting_for_a_sandbox_fail_at_once_when_none_can_exist(flaky_provi
             with pytest.raises(InfraError, match="no sandbox is available"):
                 waiting.result(timeout=30)
             assert time.monotonic() - t0 < 30
+
+
+def test_a_pool_takes_a_provider_name_and_refuses_what_is_not_a_provider():
+    from trl_sandbox import ConfigError
+
+    pool = SandboxPool("local", size=1)
+    assert pool.provider.name == "local"
+    with pytest.raises(ConfigError, match="needs a provider"):
+        SandboxPool(object(), size=1)

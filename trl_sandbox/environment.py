@@ -30,11 +30,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from .pool import SandboxPool
-from .sandbox import ExecResult, InfraError, Sandbox
+from .sandbox import ConfigError, ExecResult, InfraError, Sandbox
 from .scoring import Scorer
 from .tasks import Outcome
 
 log = logging.getLogger("trl_sandbox")
+
+#: Fresh sandboxes an episode's reset tries before it gives up on the episode (which then scores None).
+RESET_ATTEMPTS = 3
 
 #: Sandboxes kept beyond those held by episodes, for the judge of ``run_tests`` and ``get_reward``
 #: (one judging while the one used before it is being reset).
@@ -106,13 +109,16 @@ class SandboxEnvironment:
     # -- episode -----------------------------------------------------------------------------
 
     def reset(self, **row: Any) -> str | None:
-        """Start an episode for ``row``: a clean sandbox, with ``row["files"]`` (path -> text) written in."""
+        """Start an episode for ``row``: a clean sandbox, with ``row["files"]`` (path -> text) written in.
+
+        Never raises for a sandbox problem (TRL calls it without a ``try``): a sandbox that cannot
+        take the row's files is discarded and replaced, and an episode that gets no usable sandbox
+        scores ``None``. Only a row the task cannot use raises, a ``ConfigError`` naming the row.
+        """
         self._release()
         self._row = dict(row)
         self._lost = None
-        files = row.get("files") or {}
-        if isinstance(files, str):
-            files = json.loads(files)
+        files = _row_files(row)
         if self._pool is None:
             return None  # the probe instance TRL builds at construction time
         if not self._pool.started:
@@ -121,18 +127,25 @@ class SandboxEnvironment:
             # Before any sandbox was ever up, a failure is a setup error (no key, no quota, no
             # bwrap): raise it now rather than train on nothing. Later outages score None.
             self._pool.wait_ready()
-        self._pool.grow(_count_holder(self._pool, +1) + JUDGE_HEADROOM)
-        try:
-            self._sandbox = self._pool.loop.run(self._pool.checkout())
-        except InfraError as exc:
-            _count_holder(self._pool, -1)
-            self._lose(exc)
-            return row.get("observation")
-        try:
-            for path, text in dict(files).items():
-                self._call(self._sandbox.write_file(path, str(text).encode()))
-        except InfraError as exc:
-            self._lose(exc)
+        for _ in range(RESET_ATTEMPTS):
+            self._pool.grow(_count_holder(self._pool, +1) + JUDGE_HEADROOM)
+            try:
+                self._sandbox = self._pool.loop.run(self._pool.checkout())
+            except Exception as exc:  # no sandbox to be had: the episode scores None
+                _count_holder(self._pool, -1)
+                self._lose(exc)
+                return row.get("observation")
+            try:
+                for path, data in files.items():
+                    self._call(self._sandbox.write_file(path, data))
+                return row.get("observation")
+            except (ValueError, TypeError) as exc:  # refused on the host: the row's own paths
+                self._release()
+                raise ConfigError(f"dataset row {_row_name(row)}: cannot write its files: {exc}") from exc
+            except Exception as exc:  # the sandbox refused (or broke): replace it, try a fresh one
+                self._release(broken=True)
+                self._lost = f"{type(exc).__name__}: {exc}"
+        log.warning("an episode got no usable sandbox in %d tries: %s", RESET_ATTEMPTS, self._lost)
         return row.get("observation")
 
     def _lose(self, exc: BaseException) -> None:
@@ -172,9 +185,7 @@ class SandboxEnvironment:
         Args:
             command: The shell command to run, e.g. "python3 solution.py" or "ls -la".
         """
-        sandbox = self._need_sandbox()
-        result = self._call(sandbox.exec(["sh", "-c", command], timeout=self.tool_timeout))
-        return _render(result, self.max_output_chars)
+        return self._tool(lambda sandbox: self._bash(sandbox, command))
 
     def read_file(self, path: str) -> str:
         """Read a text file from the sandbox.
@@ -182,9 +193,7 @@ class SandboxEnvironment:
         Args:
             path: Path of the file, relative to the work directory.
         """
-        data = self._call(self._need_sandbox().read_file(path))
-        text = data.decode(errors="replace")
-        return text if len(text) <= self.max_output_chars else text[: self.max_output_chars] + "\n... [cut]"
+        return self._tool(lambda sandbox: self._read(sandbox, path))
 
     def write_file(self, path: str, content: str) -> str:
         """Write a text file in the sandbox, replacing it if it exists.
@@ -193,15 +202,43 @@ class SandboxEnvironment:
             path: Path of the file, relative to the work directory.
             content: The full new content of the file.
         """
-        self._call(self._need_sandbox().write_file(path, content.encode()))
-        return f"wrote {len(content)} characters to {shlex.quote(path)}"
+        return self._tool(lambda sandbox: self._write(sandbox, path, content))
 
     def run_tests(self) -> str:
         """Run the task's tests against the solution file and report how many pass."""
-        outcome = self._judge()
-        return f"{outcome.status}: {outcome.passed}/{outcome.total} tests passed" + (
-            f" ({outcome.detail})" if outcome.detail else ""
-        )
+        def judge(_sandbox: Sandbox) -> str:
+            outcome = self._score(self._final_code())
+            return f"{outcome.status}: {outcome.passed}/{outcome.total} tests passed" + (
+                f" ({outcome.detail})" if outcome.detail else ""
+            )
+
+        return self._tool(judge)
+
+    def _tool(self, operation) -> str:
+        """A tool's answer: its result, or what went wrong, as text for the model; never an exception.
+
+        A failure the model's arguments or files provoke is an observation. A sandbox that broke is
+        also reported, and the episode then scores ``None``: that was not the model's doing.
+        """
+        try:
+            return operation(self._need_sandbox())
+        except InfraError as exc:
+            return f"[error] the sandbox is unavailable: {_text(exc)}"
+        except Exception as exc:
+            return f"[error] {type(exc).__name__}: {_text(exc)}"
+
+    def _bash(self, sandbox: Sandbox, command: str) -> str:
+        result = self._call(sandbox.exec(["sh", "-c", str(command)], timeout=self.tool_timeout))
+        return _render(result, self.max_output_chars)
+
+    def _read(self, sandbox: Sandbox, path: str) -> str:
+        text = self._call(sandbox.read_file(path)).decode(errors="replace")
+        return text if len(text) <= self.max_output_chars else text[: self.max_output_chars] + "\n... [cut]"
+
+    def _write(self, sandbox: Sandbox, path: str, content: str) -> str:
+        # A lone surrogate is legal in a tool call's JSON but not in UTF-8: it is written as "?".
+        self._call(sandbox.write_file(path, str(content).encode("utf-8", "replace")))
+        return f"wrote {len(str(content))} characters to {shlex.quote(str(path))}"
 
     # -- reward ------------------------------------------------------------------------------
 
@@ -225,9 +262,6 @@ class SandboxEnvironment:
             self._tally.add(outcome.status)
         return outcome.reward
 
-    def _judge(self):
-        return self._score(self._final_code())
-
     def _final_code(self) -> str:
         path = self._row.get("solution_path", "solution.py")
         sandbox = self._need_sandbox()
@@ -244,6 +278,27 @@ class SandboxEnvironment:
         row: Mapping[str, Any] = self._row
         (outcome,) = self._scorer.score([code], [row])
         return outcome
+
+
+def _text(exc: BaseException) -> str:
+    return str(exc).encode("utf-8", "backslashreplace").decode("utf-8")[:500]
+
+
+def _row_name(row: Mapping[str, Any]) -> str:
+    return f"task_id={row.get('task_id')!r}" if row.get("task_id") is not None else "(no task_id)"
+
+
+def _row_files(row: Mapping[str, Any]) -> dict[str, bytes]:
+    """``row["files"]`` (a mapping or its JSON) as path -> bytes; a ``ConfigError`` naming the row if unusable."""
+    files = row.get("files") or {}
+    try:
+        if isinstance(files, str):
+            files = json.loads(files)
+        if not isinstance(files, Mapping):
+            raise TypeError(f"a mapping of path -> text is needed, not {type(files).__name__}")
+        return {str(path): (text if isinstance(text, bytes) else str(text).encode()) for path, text in files.items()}
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"dataset row {_row_name(row)}: its 'files' column is unusable: {exc}") from exc
 
 
 async def _with_deadline(coro, seconds: float):

@@ -1,6 +1,6 @@
 """The host side of the judge: build judge programs, read verdicts, turn them into ``Outcome``s.
 
-A judged program is ``python3 -c JUDGE_SOURCE`` (the text of ``trl_sandbox/judge_program.py``,
+A judged program is ``python3 -I -c JUDGE_SOURCE`` (the text of ``trl_sandbox/judge_program.py``,
 identical for every execution) with a payload on stdin and ``nonce_on_stdin=True``: the runner
 prepends 16 fresh random bytes per execution and hands them to ``Task.score``. The payload is two
 length-prefixed pickles (the host -> judge direction is trusted):
@@ -30,14 +30,8 @@ the expected values computed from the task's reference here, on the host.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import decimal
-import fractions
 import hmac
-import io
 import json
-import math
 import pickle
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -45,48 +39,20 @@ from pathlib import Path
 from typing import Any
 
 from .bans import BanPolicy
+from .judge_values import NotPlainData, decode_value, plain_loads, values_equal  # noqa: F401  (re-exported)
 from .sandbox import ExecResult
 from .tasks import Outcome, Program
 
 JUDGE_SOURCE: str = (Path(__file__).with_name("judge_program.py")).read_text(encoding="utf-8")
-JUDGE_ARGV: tuple[str, ...] = ("python3", "-c", JUDGE_SOURCE)
+# -I: an isolated interpreter. No current directory (where the candidate writes) and no user site
+# on ``sys.path``, no PYTHON* variables: every module the judge imports comes from read-only places.
+JUDGE_ARGV: tuple[str, ...] = ("python3", "-I", "-c", JUDGE_SOURCE)
 MARKER = "@@trl-sandbox-verdict@@"
 NONCE_BYTES = 16
 # Seconds allowed on top of the judge's own budget: interpreter start, fork, verdict.
 MARGIN_S = 1.0
 MAX_REPLY_BYTES = 16 << 20
 _MAX_VERDICT_CHARS = 64 << 20
-
-
-class NotPlainData(Exception):
-    """A pickle that names a class: refused (only plain builtin data may cross the boundary)."""
-
-
-# Exact numeric value types a result may be, besides builtin containers and scalars. Their
-# constructors have no side effects, and equality between two of them depends on value alone.
-_VALUE_CLASSES: dict[tuple[str, str], type] = {
-    ("builtins", "complex"): complex,
-    ("fractions", "Fraction"): fractions.Fraction,
-    ("decimal", "Decimal"): decimal.Decimal,
-}
-
-
-class _PlainUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str):  # noqa: D401
-        try:
-            return _VALUE_CLASSES[(module, name)]
-        except KeyError:
-            raise NotPlainData(f"{module}.{name}") from None
-
-    def persistent_load(self, pid):
-        raise NotPlainData("persistent id")
-
-
-def plain_loads(data: bytes) -> Any:
-    """Decode a pickle that may hold only plain data (None, bool, int, float, complex, str, bytes,
-    bytearray, list, tuple, dict, set, frozenset, Fraction, Decimal). Raises ``NotPlainData`` for
-    anything else."""
-    return _PlainUnpickler(io.BytesIO(data)).load()
 
 
 # -- building programs ----------------------------------------------------------------------------
@@ -204,15 +170,6 @@ def _verdict_from(data: Any) -> Verdict | None:
     )
 
 
-def decode_value(test: Mapping[str, Any]) -> Any:
-    """The plain value of a passed call-mode test entry (raises ``NotPlainData``/``ValueError``)."""
-    try:
-        raw = base64.b64decode(str(test["value"]), validate=True)
-    except (KeyError, binascii.Error) as exc:
-        raise ValueError("missing or malformed value") from exc
-    return plain_loads(raw)
-
-
 def _no_verdict(result: ExecResult, total: int) -> Outcome:
     if result.timed_out:
         return Outcome("timeout", total=total, detail="timed out", tests=(False,) * total)
@@ -270,8 +227,8 @@ def call_outcome(
         ok = False
         if test.get("ok") is True:
             try:
-                ok = bool(_equal(decode_value(test), expected[i]))
-            except (NotPlainData, ValueError, Exception):  # noqa: B014
+                ok = values_equal(decode_value(test, expected[i], bounded=True), expected[i])
+            except Exception:  # not plain data, too large, undecodable: not the expected value
                 ok = False
             if not ok and not first_problem:
                 first_problem = f"test {i + 1}: wrong answer"
@@ -306,32 +263,6 @@ def _void_on_protocol_error(verdict: Verdict, passes: list[bool]) -> list[bool]:
     if any(isinstance(t, Mapping) and t.get("kind") == "protocol" for t in verdict.tests):
         return [False] * len(passes)
     return passes
-
-
-#: Float results match the reference's within this relative (and, near zero, absolute) tolerance:
-#: a correct solution that sums in another order must not be scored wrong.
-FLOAT_REL_TOL = 1e-9
-FLOAT_ABS_TOL = 1e-12
-
-
-def _equal(value: Any, expected: Any) -> bool:
-    """``value == expected``, except that floats inside may differ by rounding."""
-    try:
-        return bool(value == expected) or _close(value, expected, 0)  # the walk only for near misses
-    except RecursionError:
-        return False
-
-
-def _close(value: Any, expected: Any, depth: int) -> bool:
-    if depth > 200:
-        raise RecursionError
-    if type(expected) is float and type(value) in (float, int):
-        return math.isclose(value, expected, rel_tol=FLOAT_REL_TOL, abs_tol=FLOAT_ABS_TOL)
-    if type(expected) in (list, tuple) and type(value) is type(expected):
-        return len(value) == len(expected) and all(_close(v, e, depth + 1) for v, e in zip(value, expected))
-    if type(expected) is dict and type(value) is dict:
-        return value.keys() == expected.keys() and all(_close(value[k], expected[k], depth + 1) for k in expected)
-    return bool(value == expected)
 
 
 def check_outcome(result: ExecResult, nonce: bytes | None, total: int) -> Outcome:

@@ -1,5 +1,5 @@
 # ruff: noqa: UP031  (runs on the sandbox's Python, 3.8+: plain %-formatting on purpose)
-"""The judge: runs inside the sandbox as ``python3 -c SOURCE``, with this file's text as SOURCE.
+"""The judge: runs inside the sandbox as ``python3 -I -c SOURCE``, with this file's text as SOURCE.
 
 Standard library only, Python 3.8+. The source is sent byte-identical for every execution (a
 sandbox may cache its compiled form); everything that changes per execution comes on stdin:
@@ -31,9 +31,14 @@ Modes (from the judge part):
           candidate process, then exec each test; a test passes when it raises nothing.
 """
 
+# Everything the judge may import is imported here, before any candidate code exists (the value
+# classes of results included); with ``-I`` the interpreter never looks in the current directory,
+# the candidate's, so a module the candidate plants there is never the one the judge gets.
 import _json
 import _pickle
 import binascii
+import decimal
+import fractions
 import io
 import os
 import select
@@ -81,7 +86,7 @@ class _PlainUnpickler(_pickle.Unpickler):
 
     def find_class(self, module, name):
         if (module, name) in _VALUE_CLASSES:
-            return getattr(__import__(module), name)
+            return getattr(sys.modules[module], name)
         raise _NotPlain("%s.%s" % (module, name))
 
     def persistent_load(self, pid):
@@ -178,12 +183,9 @@ def _plain(value, memo, depth=0):
         return set(_plain(item, memo, depth + 1) for item in value)
     if isinstance(value, complex):
         return complex(float(value.real), float(value.imag))
-    # A Fraction or Decimal result means its module is loaded; nothing is imported for other results.
-    fractions = sys.modules.get("fractions")
-    if fractions is not None and isinstance(value, fractions.Fraction):
+    if isinstance(value, fractions.Fraction):
         return fractions.Fraction(int(value.numerator), int(value.denominator))
-    decimal = sys.modules.get("decimal")
-    if decimal is not None and isinstance(value, decimal.Decimal):
+    if isinstance(value, decimal.Decimal):
         return decimal.Decimal(decimal.Decimal.__str__(value))
     raise TypeError("result of type %s is not plain data" % t.__name__)
 
@@ -207,6 +209,9 @@ def _candidate(spec, rfd, wfd):
         data = _pickle.dumps(message, protocol=5)
         _write_all(wfd, len(data).to_bytes(4, "big") + data)
 
+    # The candidate, like ``python3 -c``, may import modules from its working directory; only its own
+    # process looks there (the judge runs isolated, with everything it needs already imported).
+    sys.path.insert(0, "")
     for name in spec.get("delete_builtins") or ():
         builtins.__dict__.pop(name, None)
     table = dict(builtins.__dict__)

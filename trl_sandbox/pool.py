@@ -93,13 +93,22 @@ class SandboxPool:
 
     def __init__(
         self,
-        provider: Provider,
+        provider: Provider | str,
         spec: SandboxSpec | None = None,
         size: int = 4,
         settings: PoolSettings | None = None,
     ) -> None:
         if size < 1:
             raise ConfigError(f"sandbox pool size must be at least 1, got {size}")
+        if isinstance(provider, str):  # a provider's name, as SandboxPool.open takes it
+            from .plugins import make_provider
+
+            provider = make_provider(provider, {})
+        if not callable(getattr(provider, "create", None)):
+            raise ConfigError(
+                f"SandboxPool needs a provider (an object with create/destroy/list, or a provider name "
+                f"such as 'local'), not {type(provider).__name__}"
+            )
         self.provider = provider
         self.spec = spec or SandboxSpec()
         self.size = size

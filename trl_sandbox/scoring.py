@@ -14,11 +14,13 @@ import os
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from .content_guard import build_guarded, score_guarded
 from .pool import SandboxPool
-from .sandbox import ExecResult, SandboxError
+from .sandbox import ExecResult
 from .schemes import RewardScheme, get_scheme
 from .tasks import Outcome, Program, Task, resolve_task
 
@@ -75,10 +77,16 @@ def completion_text(completion: Any) -> str:
             if isinstance(message, Mapping) and message.get("role", "assistant") == "assistant":
                 content = message.get("content") or ""
                 if isinstance(content, list):  # content blocks
-                    content = "".join(b.get("text", "") for b in content if isinstance(b, Mapping))
+                    content = "".join(str(b.get("text") or "") for b in content if isinstance(b, Mapping))
                 parts.append(str(content))
         return "\n".join(parts)
     return str(completion)
+
+
+def _score_all(
+    tasks: Sequence[Task | None], result: ExecResult, rows: Sequence[Mapping[str, Any]], nonce: bytes | None
+) -> list[Outcome]:
+    return [score_guarded(task, result, row, nonce) for task, row in zip(tasks, rows)]  # type: ignore[arg-type]
 
 
 class Scorer:
@@ -98,6 +106,7 @@ class Scorer:
         self.timeout = timeout
         spec = pool.spec
         self._salt = f"{pool.provider.name}|{spec.image}|{spec.limits}|{timeout}"
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trl-sandbox-score")
 
     def score(
         self,
@@ -145,14 +154,8 @@ class Scorer:
                 # The row's ``timeout`` is how a task learns its time limit (the judge inside the
                 # program enforces it per call; the sandbox adds a margin around the program).
                 row = rows_for_score[i] = {**row, "timeout": self.timeout}
-            try:
-                task = tasks[i] = resolve_task(row)
-                built = task.build(completion_text(completion), row)
-            except SandboxError:
-                raise  # configuration errors (unknown task set, missing columns) are the caller's to see
-            except Exception as exc:  # a task bug must not crash training: the row is unscorable
-                finish(i, Outcome("infra", detail=f"task failed to build the program: {exc!r}"))
-                continue
+            task = tasks[i] = resolve_task(row)
+            built = build_guarded(task, completion_text(completion), row)
             if isinstance(built, Outcome):
                 finish(i, built)
                 continue
@@ -181,11 +184,15 @@ class Scorer:
                     return
                 stats.executed += 1
                 self.cache.put(key, result, nonce)
-            for i in indices:
-                try:
-                    finish(i, tasks[i].score(result, rows_for_score[i], nonce=nonce))
-                except Exception as exc:
-                    finish(i, Outcome("infra", detail=f"task failed to score the result: {exc!r}"))
+            # Decoding and comparing what a program returned is host work on model-controlled
+            # data: it runs on a worker thread, so a crafted result cannot stall the pool's loop.
+            loop = asyncio.get_running_loop()
+            scored = await loop.run_in_executor(
+                self._executor, _score_all, [tasks[i] for i in indices], result,
+                [rows_for_score[i] for i in indices], nonce,
+            )
+            for i, outcome in zip(indices, scored):
+                finish(i, outcome)
 
         jobs = [asyncio.ensure_future(run_one(k, p, idx)) for k, (p, idx) in by_key.items()]
         if jobs:
@@ -202,6 +209,10 @@ class Scorer:
                 finish(i, Outcome("infra", detail=f"reward call exceeded its deadline of {deadline_s} s"))
         stats.seconds = time.perf_counter() - t0
         return outcomes, stats  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """Stop the scoring thread (it also ends by itself at exit)."""
+        self._executor.shutdown(wait=False)
 
     def _reward(self, task: Task | None, outcome: Outcome) -> float | None:
         task_scheme = getattr(task, "reward_scheme", None) if self._use_task_scheme else None

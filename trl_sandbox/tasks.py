@@ -46,11 +46,11 @@ class Program:
         """A hash of everything that determines the result (for dedup within a batch and caching)."""
         h = hashlib.sha256()
         for part in (salt, repr(self.argv), repr(self.timeout), repr(self.nonce_on_stdin)):
-            h.update(part.encode())
+            h.update(part.encode("utf-8", "surrogatepass"))  # model text may hold lone surrogates
             h.update(b"\0")
         h.update(self.stdin)
         for path, data in self.files:
-            h.update(path.encode() + b"\0")
+            h.update(path.encode("utf-8", "surrogatepass") + b"\0")
             h.update(hashlib.sha256(data).digest())
         return h.hexdigest()
 

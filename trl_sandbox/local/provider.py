@@ -28,8 +28,10 @@ Inside, ``supervisor.py`` runs as PID 1 and serves requests over the container's
   double-forked and ``setsid`` processes), and SysV IPC objects are removed; files persist until
   ``reset()``, which also empties ``/work``, ``/tmp`` and ``/dev/shm``.
 * Files: ``write_file``/``read_file`` take paths relative to ``/work`` (absolute ones must be
-  inside it). A path that escapes it raises ``ValueError``; one that escapes through a symlink a
-  program left behind raises ``PermissionError``; a missing file ``FileNotFoundError``.
+  inside it). A path that escapes it, is not valid UTF-8, or is longer than 4096 bytes or 64 levels
+  raises ``ValueError``; one that escapes through a symlink a program left behind raises
+  ``PermissionError``; a missing file ``FileNotFoundError``; any other failure the supervisor reports
+  an ``OSError``. Only a sandbox that broke raises ``InfraError``.
 * If the sandbox dies during an exec, that exec returns ``exit_code=None`` with an explanation in
   stderr, and every later call raises ``InfraError``. If the host itself stopped it (``destroy``,
   lifetime expiry), the exec raises ``InfraError``. Sandboxed code cannot kill the supervisor
@@ -45,6 +47,7 @@ Inside, ``supervisor.py`` runs as PID 1 and serves requests over the container's
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import marshal
 import os
@@ -77,6 +80,10 @@ SUPERVISOR_PATH = "/.trl-sandbox/supervisor.py"
 
 HEADER = _proto.HEADER
 LENGTH = _proto.LENGTH
+# Bounds on a file operation's path, checked on the host before it reaches the supervisor (whose
+# directory creation must not depend on the interpreter's recursion limit).
+MAX_PATH_BYTES = 4096
+MAX_PATH_DEPTH = 64
 MARSHAL_VERSION = 4  # readable by every Python the supervisor supports (3.8+)
 
 # What the fork server imports before the first program: the modules programs (and the harness
@@ -583,10 +590,10 @@ class LocalSandbox:
             except _Died as exc:
                 raise InfraError(f"sandbox {self.id} died: {exc}") from None
         if kind == _proto.K_ERROR:
-            message = part1.decode("utf-8", "replace")
-            if code:
-                raise OSError(code, message)
-            raise InfraError(f"sandbox {self.id}: {message}")
+            # A living supervisor answered: the operation failed on its arguments or on what programs
+            # left in the sandbox, never because the sandbox broke (that is a _Died above). It is
+            # the caller's error to see; a reset that fails this way makes the pool replace the sandbox.
+            raise OSError(code or errno.EINVAL, f"sandbox {self.id}: {part1.decode('utf-8', 'replace')}")
         return kind, code, part1
 
     # -- Sandbox API ---------------------------------------------------------------------------
@@ -634,6 +641,14 @@ class LocalSandbox:
 
     def _path(self, path: str) -> str:
         work = self._provider.work_dir
+        if not isinstance(path, str):
+            raise TypeError(f"a sandbox path must be a str, not {type(path).__name__}")
+        try:
+            encoded = path.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"path {path!r} is not valid UTF-8 (a lone surrogate?)") from None
+        if len(encoded) > MAX_PATH_BYTES or path.count("/") > MAX_PATH_DEPTH:
+            raise ValueError(f"path is longer than {MAX_PATH_BYTES} bytes or {MAX_PATH_DEPTH} levels")
         full = os.path.normpath(os.path.join(work, path))
         if "\0" in path or not (full == work or full.startswith(work + "/")):
             raise ValueError(f"path {path!r} is outside the sandbox work directory {work}")
