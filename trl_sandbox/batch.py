@@ -9,11 +9,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from typing import Any
 
 from .pool import SandboxPool
-from .sandbox import SandboxError, SandboxSpec
+from .results_file import ResultsFile, line_key
+from .sandbox import ConfigError, SandboxError, SandboxSpec
 
 RESULT_FIELDS = ("id", "exit_code", "stdout", "stderr", "timed_out", "oom_killed", "duration_s", "error")
 
@@ -47,48 +49,76 @@ def _empty(ident: Any, error: str) -> dict[str, Any]:
             "oom_killed": False, "duration_s": 0.0, "error": error}
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """Every mistake in the arguments, before any sandbox exists."""
+    if not args.timeout or args.timeout <= 0:
+        raise ConfigError(f"--timeout must be a positive number of seconds, got {args.timeout}")
+    if args.pool_size < 1:
+        raise ConfigError(f"--pool-size must be at least 1, got {args.pool_size}")
+    if args.input != "-" and (not os.path.exists(args.input) or os.path.isdir(args.input)):
+        raise ConfigError(f"--input {args.input!r}: no such file")
+
+
 def run_batch(args: argparse.Namespace, settings: dict[str, Any]) -> int:
     from .plugins import make_provider
 
-    with open(args.input) if args.input != "-" else sys.stdin as fh:
-        lines = [(n, line) for n, line in enumerate(fh, 1) if line.strip()]
-    parsed = [_job(n, line, args.python) for n, line in lines]
+    check_arguments(args)
     provider = make_provider(args.provider, settings)
+    try:
+        with open(args.input, encoding="utf-8") if args.input != "-" else sys.stdin as fh:
+            lines = [(n, line) for n, line in enumerate(fh, 1) if line.strip()]
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read --input {args.input!r}: {exc}") from None
+    if not lines:
+        raise ConfigError(f"--input {args.input!r} holds no program lines")
+    out = ResultsFile(args.output, resume=getattr(args, "resume", False))
+    parsed = [_job(n, line, args.python) for n, line in lines]
+    keys = [line_key(line) for _, line in lines]
     results: list[dict[str, Any] | None] = [None] * len(parsed)
     progress = _progress(len(parsed))
 
-    with SandboxPool.open(provider, size=max(1, args.pool_size), spec=SandboxSpec()) as pool:
+    def done(i: int, result: dict[str, Any]) -> None:
+        results[i] = result
+        out.add(i, keys[i], result)
+        progress.update(1)
 
-        async def one(i: int, ident: Any, job: dict[str, Any]) -> None:
-            try:
-                r = await pool.aexec(job["argv"], stdin=job["stdin"], timeout=args.timeout)
-                results[i] = {"id": ident, "exit_code": r.exit_code, "stdout": r.stdout, "stderr": r.stderr,
+    try:
+        with SandboxPool.open(provider, size=args.pool_size, spec=SandboxSpec()) as pool:
+
+            async def one(i: int, ident: Any, job: dict[str, Any]) -> None:
+                try:
+                    r = await pool.aexec(job["argv"], stdin=job["stdin"], timeout=args.timeout)
+                    result = {"id": ident, "exit_code": r.exit_code, "stdout": r.stdout, "stderr": r.stderr,
                               "timed_out": r.timed_out, "oom_killed": r.oom_killed,
                               "duration_s": round(r.duration_s, 6), "error": None}
-            except SandboxError as exc:
-                results[i] = _empty(ident, f"{type(exc).__name__}: {exc}")
-            progress.update(1)
+                except SandboxError as exc:
+                    result = _empty(ident, f"{type(exc).__name__}: {exc}")
+                done(i, result)
 
-        async def everything() -> None:
-            jobs = []
-            for i, (ident, job) in enumerate(parsed):
-                if isinstance(job, str):
-                    results[i] = _empty(ident, job)
-                    progress.update(1)
-                else:
-                    jobs.append(one(i, ident, job))
-            await asyncio.gather(*jobs)
+            async def everything() -> None:
+                jobs = []
+                for i, (ident, job) in enumerate(parsed):
+                    earlier = out.reusable(i, keys[i])
+                    if earlier is not None:
+                        results[i] = earlier
+                        progress.update(1)
+                    elif isinstance(job, str):
+                        done(i, _empty(ident, job))
+                    else:
+                        jobs.append(one(i, ident, job))
+                await asyncio.gather(*jobs)
 
-        pool.loop.run(everything())
+            pool.loop.run(everything())
+    except BaseException:
+        progress.close()
+        out.close()
+        print(f"trl-sandbox exec: stopped; {out.interrupted_note()}", file=sys.stderr)
+        raise
     progress.close()
-
-    out = open(args.output, "w") if args.output else sys.stdout
-    try:
-        for result in results:
-            out.write(json.dumps(result) + "\n")
-    finally:
-        if args.output:
-            out.close()
+    out.finish(r for r in results if r is not None)
+    if out.path:
+        print(f"trl-sandbox exec: {len(results)} results written to {out.path}"
+              + (f" ({len(out.reused)} reused from the interrupted run)" if out.reused else ""), file=sys.stderr)
     return 0
 
 

@@ -70,7 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("exec", help="run a batch of programs from a JSONL file in sandboxes")
     _add_provider_args(p)
     p.add_argument("--input", required=True, help='JSONL with {"id", "code"} or {"id", "argv"} (optional "stdin")')
-    p.add_argument("--output", help="write result lines here instead of standard output")
+    p.add_argument("--output", help="write result lines here instead of standard output (journaled as they finish)")
+    p.add_argument("--resume", action="store_true",
+                   help="reuse the finished results an interrupted run with the same --output left behind")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds per program (default: 10)")
     p.add_argument("--pool-size", type=int, default=max(1, min(4, os.cpu_count() or 1)), help="sandboxes to run at once")
     p.add_argument("--python", default="python3", help="interpreter name used for {code} lines (default: python3)")
@@ -90,6 +92,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: a user's mistake is one line on stderr (status 2), Ctrl-C one line (130),
+    a closed pipe on stdout (``trl-sandbox exec ... | head``) a quiet end."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("trl-sandbox: interrupted; every sandbox of this run was closed", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # The reader went away: stop writing, and keep Python from complaining at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["train"]:
         from .train import main as train_main

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import logging
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -41,7 +42,9 @@ def parse_untrusted(code: str, mode: str = "exec") -> ast.AST | None:
     versions, ``SystemError``; none of them may escape as a host failure.
     """
     try:
-        return ast.parse(code, mode=mode)
+        with warnings.catch_warnings():  # a SyntaxWarning about model text is no news to the user
+            warnings.simplefilter("ignore")
+            return ast.parse(code, mode=mode)
     except Exception:
         return None
 

@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .results_file import ResultsFile, line_key
 from .sandbox import ConfigError
 from .tasks import TASK_COLUMN, Outcome
 
@@ -53,6 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sandboxes to run at once")
     parser.add_argument("--scheme", default="original", help="reward scheme for the reward field (default: original)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--resume", action="store_true",
+                        help="reuse the finished results an interrupted run with the same --output left behind")
 
 
 # -- pass@k ---------------------------------------------------------------------------------------
@@ -182,17 +185,44 @@ def _ks(text: str) -> list[int]:
     return ks
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """Every mistake in the arguments, before any sandbox exists."""
+    from .schemes import get_scheme
+
+    if args.pool_size < 1:
+        raise ConfigError(f"--pool-size must be at least 1, got {args.pool_size}")
+    if args.timeout is not None and args.timeout <= 0:
+        raise ConfigError(f"--timeout must be a positive number of seconds, got {args.timeout}")
+    get_scheme(args.scheme)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``trl-sandbox evaluate``; returns the exit status."""
     ks = _ks(args.k)
+    check_arguments(args)
     name, rows_by_id = _task_rows(args.tasks)
     if args.samples == "-":
         lines = sys.stdin.read().splitlines()
     else:
         try:
             lines = Path(args.samples).read_text(encoding="utf-8").splitlines()
-        except OSError as exc:
-            raise ConfigError(f"cannot read samples file {args.samples!r}: {exc.strerror or exc}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read samples file {args.samples!r}: {getattr(exc, 'strerror', None) or exc}") from None
+    if not any(line.strip() for line in lines):
+        raise ConfigError(f"samples file {args.samples!r} holds no samples")
+    output = args.output or (f"{args.samples}_results.jsonl" if args.samples != "-" else "-")
+    out = ResultsFile(output, resume=args.resume)
+    try:
+        return _run(args, ks, name, rows_by_id, lines, out)
+    except BaseException:
+        out.close()
+        if out.journal_path and os.path.exists(out.journal_path):
+            print(f"trl-sandbox evaluate: stopped; {out.interrupted_note()}", file=sys.stderr)
+        raise
+
+
+def _run(args: argparse.Namespace, ks: list[int], name: str, rows_by_id: dict[str, dict[str, Any]],
+         lines: list[str], out: ResultsFile) -> int:
     parsed = read_samples(lines, rows_by_id)
     errors = [err for _, _, err in parsed if err]
     if errors and not args.keep_going:
@@ -205,50 +235,51 @@ def run(args: argparse.Namespace) -> int:
     for err in errors:
         print(f"trl-sandbox evaluate: {args.samples}: {err} (skipped)", file=sys.stderr)
 
-    valid = [(i, sample) for i, (_, sample, err) in enumerate(parsed) if err is None]
-    completions = [sample["completion"] for _, sample in valid]
+    # Non-blank input lines, in order: what identifies a sample across an interrupted run.
+    keys = [line_key(text) for text in lines if text.strip()]
+    results: list[dict[str, Any] | None] = [None] * len(parsed)
+    todo = []
+    for i, (number, sample, err) in enumerate(parsed):
+        earlier = out.reusable(i, keys[i])
+        if earlier is not None:
+            results[i] = earlier
+        elif err is not None:
+            results[i] = dict(sample or {}, passed=False, result=f"failed: invalid sample: {err}", reward=None,
+                              status="error", error=err, line=number)
+            out.add(i, keys[i], results[i])
+        else:
+            todo.append((i, sample))
     rows = []
-    for _, sample in valid:
+    for _, sample in todo:
         row = dict(rows_by_id[str(sample["task_id"])])
         if args.timeout:
             row["timeout"] = float(args.timeout)
         rows.append(row)
-    outcomes = _score(args, completions, rows) if valid else []
 
-    results: list[dict[str, Any]] = []
-    by_index = {i: outcome for (i, _), outcome in zip(valid, outcomes)}
+    def on_result(j: int, outcome: Outcome) -> None:  # streamed to the journal as each finishes
+        i, sample = todo[j]
+        results[i] = dict(sample, passed=outcome.status == "passed", result=human_eval_result(outcome),
+                          reward=outcome.reward, status=outcome.status, tests_passed=outcome.passed,
+                          tests_total=outcome.total)
+        out.add(i, keys[i], results[i])
+
+    if todo:
+        _score(args, [sample["completion"] for _, sample in todo], rows, on_result)
+
     per_task: dict[str, list[bool]] = defaultdict(list)
     statuses: Counter = Counter()
-    for i, (number, sample, err) in enumerate(parsed):
-        line = dict(sample or {})
-        if err is not None:
-            line.update(passed=False, result=f"failed: invalid sample: {err}", reward=None, status="error",
-                        error=err, line=number)
+    for line in results:
+        assert line is not None
+        if line.get("error") is not None and line.get("line") is not None:
             statuses["invalid"] += 1
-        else:
-            outcome = by_index[i]
-            line.update(
-                passed=outcome.status == "passed",
-                result=human_eval_result(outcome),
-                reward=outcome.reward,
-                status=outcome.status,
-                tests_passed=outcome.passed,
-                tests_total=outcome.total,
-            )
-            statuses[outcome.status] += 1
-            if outcome.status != "infra":
-                per_task[str(sample["task_id"])].append(outcome.status == "passed")
-        results.append(line)
-
-    output = args.output or (f"{args.samples}_results.jsonl" if args.samples != "-" else "-")
-    if output == "-":
-        for line in results:
-            sys.stdout.write(json.dumps(line) + "\n")
-    else:
-        with open(output, "w", encoding="utf-8") as fh:
-            for line in results:
-                fh.write(json.dumps(line) + "\n")
-        print(f"Writing results to {output}...", file=sys.stderr)
+            continue
+        statuses[line["status"]] += 1
+        if line["status"] != "infra":
+            per_task[str(line["task_id"])].append(line["status"] == "passed")
+    out.finish(results)  # type: ignore[arg-type]
+    if out.path:
+        print(f"Writing results to {out.path}..."
+              + (f" ({len(out.reused)} reused from the interrupted run)" if out.reused else ""), file=sys.stderr)
 
     summary = ", ".join(f"{k} {v}" for k, v in sorted(statuses.items()))
     print(f"{len(results)} samples for {len(per_task)} of {len(rows_by_id)} problems in {name}: {summary}",
@@ -261,7 +292,8 @@ def run(args: argparse.Namespace) -> int:
     return 1 if statuses.get("infra") else 0
 
 
-def _score(args: argparse.Namespace, completions: list[Any], rows: list[dict[str, Any]]) -> list[Outcome]:
+def _score(args: argparse.Namespace, completions: list[Any], rows: list[dict[str, Any]],
+           on_done: Any = None) -> list[Outcome]:
     from .pool import SandboxPool
     from .scoring import Scorer
 
@@ -272,11 +304,13 @@ def _score(args: argparse.Namespace, completions: list[Any], rows: list[dict[str
         bar = tqdm(total=len(rows), unit="sample", desc="evaluate", file=sys.stderr, disable=None)
 
     def on_result(i: int, outcome: Outcome) -> None:
+        if on_done is not None:
+            on_done(i, outcome)
         if bar is not None:
             bar.update(1)
 
     try:
-        with SandboxPool.open(args.provider, size=max(1, args.pool_size), settings=_settings(args.setting)) as pool:
+        with SandboxPool.open(args.provider, size=args.pool_size, settings=_settings(args.setting)) as pool:
             return Scorer(pool, scheme=args.scheme).score(completions, rows, on_result=on_result)
     finally:
         if bar is not None:

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .bans import BanPolicy
+from .content_guard import parse_untrusted
 from .extract import MODES, assemble, extract_code, has_code
 from .judge import (
     JUDGE_ARGV,
@@ -297,9 +298,8 @@ def _assert_task(prompt: Any, test_list: tuple[str, ...], setup: str, entry: str
 
 
 def _defined_names(code: str) -> set[str]:
-    try:
-        tree = ast.parse(code or "")
-    except SyntaxError:
+    tree = parse_untrusted(code or "")
+    if tree is None:
         return set()
     names = set()
     for node in ast.walk(tree):
@@ -313,17 +313,15 @@ def _defined_names(code: str) -> set[str]:
 
 
 def _used_names(code: str) -> set[str]:
-    try:
-        tree = ast.parse(code)
-    except SyntaxError:
+    tree = parse_untrusted(code)
+    if tree is None:
         return set()
     return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
 
 
 def _called_names(code: str) -> list[str]:
-    try:
-        tree = ast.parse(code)
-    except SyntaxError:
+    tree = parse_untrusted(code)
+    if tree is None:
         return []
     return [n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
 
@@ -350,11 +348,7 @@ def build_check(task: CheckTask, completion: Any) -> Program | Outcome:
 
 @functools.lru_cache(maxsize=1024)
 def _is_code(text: str) -> bool:
-    try:
-        ast.parse(text)
-    except SyntaxError:
-        return False
-    return True
+    return parse_untrusted(text) is not None
 
 
 # -- the generic task -----------------------------------------------------------------------------

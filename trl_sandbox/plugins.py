@@ -92,13 +92,31 @@ def task_sets() -> dict[str, Registration]:
     return _collect("trl_sandbox_register_tasks")
 
 
+# The plugins this project publishes, by the names they register: the only packages an error may
+# suggest installing (a guess such as "trl-sandbox-<typo>" would invite a look-alike package).
+PUBLISHED = {
+    "sandbox provider": {"daytona": "trl-sandbox-daytona", "coreweave": "trl-sandbox-coreweave",
+                         "aviato": "trl-sandbox-coreweave"},
+    "task set": {"humaneval": "trl-sandbox-humaneval"},
+}
+
+
 def _lookup(kind: str, found: dict[str, Registration], name: str) -> Any:
     if name not in found:
+        import difflib
+
         known = ", ".join(sorted(found)) or "none"
-        raise ConfigError(
-            f"unknown {kind} {name!r}; installed {kind}s: {known}. "
-            f"Install the plugin that provides it (e.g. `pip install trl-sandbox-{name}`)."
-        )
+        message = f"unknown {kind} {name!r};"
+        close = difflib.get_close_matches(str(name), sorted(set(found) | set(PUBLISHED[kind])), n=1, cutoff=0.6)
+        if close:
+            message += f" did you mean {close[0]!r}?"
+        message += f" Installed {kind}s: {known}."
+        package = PUBLISHED[kind].get(close[0] if close else name)
+        if package and (close[0] if close else name) not in found:
+            message += f" {close[0] if close else name!r} comes with `pip install {package}`."
+        elif not close:
+            message += " `trl-sandbox plugins` lists what is loaded; a third-party plugin is installed with pip."
+        raise ConfigError(message)
     return found[name].obj
 
 

@@ -1,0 +1,153 @@
+"""A user's mistakes get a one-line answer before any work is done, and no result is thrown away."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from trl_sandbox.builtin_tasks import SOLUTIONS
+
+CLI = [sys.executable, "-m", "trl_sandbox.cli"]
+
+
+def run(*args: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def write_jsonl(path: Path, items) -> Path:
+    path.write_text("".join(json.dumps(i) + "\n" for i in items))
+    return path
+
+
+@pytest.fixture
+def batch(tmp_path):
+    return write_jsonl(tmp_path / "batch.jsonl", [{"id": i, "code": f"print({i})"} for i in range(3)])
+
+
+@pytest.fixture
+def samples(tmp_path):
+    return write_jsonl(tmp_path / "samples.jsonl", [{"task_id": "sorting", "completion": SOLUTIONS["sorting"]}])
+
+
+@pytest.mark.parametrize("extra,message", [
+    (("--output", "/nonexistent-dir/out.jsonl"), "does not exist"),
+    (("--timeout", "-1"), "--timeout must be a positive"),
+    (("--timeout", "0"), "--timeout must be a positive"),
+    (("--pool-size", "0"), "--pool-size must be at least 1"),
+    (("--pool-size", "-1"), "--pool-size must be at least 1"),
+])
+def test_exec_mistakes_are_refused_before_anything_runs(batch, extra, message):
+    proc = run("exec", "--input", str(batch), *extra)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stdout == ""  # nothing ran
+
+
+def test_exec_with_a_missing_input_file_is_one_line(tmp_path):
+    proc = run("exec", "--input", str(tmp_path / "missing.jsonl"))
+    assert proc.returncode == 2 and "no such file" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("extra,message", [
+    (("--output", "/nonexistent-dir/out.jsonl"), "does not exist"),
+    (("--timeout", "0"), "--timeout must be a positive"),
+    (("--pool-size", "0"), "--pool-size must be at least 1"),
+    (("--scheme", "binray"), "unknown reward scheme"),
+])
+def test_evaluate_mistakes_are_refused_before_anything_runs(samples, extra, message):
+    proc = run("evaluate", str(samples), "--tasks", "builtin", *extra)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert not Path(f"{samples}_results.jsonl").exists()
+
+
+def test_an_empty_samples_file_is_a_mistake_not_a_result(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    proc = run("evaluate", str(empty), "--tasks", "builtin")
+    assert proc.returncode == 2 and "holds no samples" in proc.stderr
+
+
+@pytest.mark.parametrize("typo,suggestion", [("dayton", "daytona"), ("lcoal", "local")])
+def test_a_typo_in_a_provider_name_suggests_the_name_not_a_package(batch, typo, suggestion):
+    proc = run("exec", "--provider", typo, "--input", str(batch))
+    assert proc.returncode == 2
+    assert f"did you mean '{suggestion}'?" in proc.stderr
+    assert f"trl-sandbox-{typo}" not in proc.stderr  # never a look-alike package to install
+
+
+def test_a_typo_in_a_task_set_name_suggests_the_name(samples):
+    proc = run("evaluate", str(samples), "--tasks", "humaneva")
+    assert proc.returncode == 2 and "did you mean 'humaneval'?" in proc.stderr
+    assert "pip install trl-sandbox-humaneva" not in proc.stderr
+
+
+def test_exec_into_a_closed_pipe_ends_quietly(tmp_path):
+    big = write_jsonl(tmp_path / "big.jsonl", [{"id": i, "code": "print('x' * 1000)"} for i in range(200)])
+    proc = subprocess.run(f"{' '.join(CLI)} exec --input {big} | head -c 100 > /dev/null",
+                          shell=True, capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr, proc.stderr
+
+
+def _interrupt_after(cmd: list[str], journal: Path, lines: int) -> subprocess.CompletedProcess:
+    """Run ``cmd``; send SIGINT once ``journal`` holds ``lines`` results (deadline-bounded)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if journal.exists() and journal.read_text().count("\n") >= lines:
+            proc.send_signal(signal.SIGINT)
+            break
+        time.sleep(0.05)
+    out, err = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def test_an_interrupted_evaluate_resumes_to_the_same_results(tmp_path):
+    slow = "    import_ok = 0\n    t = 0\n    while t < 2000000:\n        t += 1\n    return list(xs)\n"
+    items = []
+    for i in range(24):
+        items.append({"task_id": "sorting", "completion": [SOLUTIONS["sorting"], slow, "    return xs\n"][i % 3],
+                      "n": i})
+    samples = write_jsonl(tmp_path / "samples.jsonl", items)
+    reference = tmp_path / "reference.jsonl"
+    assert run("evaluate", str(samples), "--tasks", "builtin", "--output", str(reference),
+               "--pool-size", "1", "--no-progress").returncode == 0
+    out = tmp_path / "out.jsonl"
+    cmd = [*CLI, "evaluate", str(samples), "--tasks", "builtin", "--output", str(out), "--pool-size", "1",
+           "--no-progress"]
+    stopped = _interrupt_after(cmd, Path(f"{out}.partial"), 6)
+    assert stopped.returncode != 0 and not out.exists(), stopped.stderr
+    assert "--resume" in stopped.stderr and "Traceback" not in stopped.stderr, stopped.stderr
+    kept = Path(f"{out}.partial").read_text().count("\n")
+    assert 6 <= kept < 24
+    resumed = run(*cmd[len(CLI):], "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"({kept} reused" in resumed.stderr or "reused" in resumed.stderr
+    assert out.read_text() == reference.read_text()
+    assert not Path(f"{out}.partial").exists()
+    assert resumed.stdout.strip().splitlines()[-1] == run(
+        "evaluate", str(samples), "--tasks", "builtin", "--output", str(tmp_path / "again.jsonl"),
+        "--pool-size", "1", "--no-progress").stdout.strip().splitlines()[-1]  # the same pass@k
+
+
+def test_an_interrupted_exec_resumes_and_keeps_every_finished_result(tmp_path):
+    lines = [{"id": i, "code": f"import time; time.sleep(0.15); print({i})"} for i in range(20)]
+    batch = write_jsonl(tmp_path / "batch.jsonl", lines)
+    out = tmp_path / "out.jsonl"
+    cmd = [*CLI, "exec", "--input", str(batch), "--output", str(out), "--pool-size", "1"]
+    stopped = _interrupt_after(cmd, Path(f"{out}.partial"), 5)
+    assert stopped.returncode != 0 and "--resume" in stopped.stderr, stopped.stderr
+    resumed = run(*cmd[len(CLI):], "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    results = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["id"] for r in results] == list(range(20))
+    assert [r["stdout"] for r in results] == [f"{i}\n" for i in range(20)]
+    assert "reused" in resumed.stderr
+    assert os.path.exists(out) and not Path(f"{out}.partial").exists()
