@@ -11,7 +11,7 @@ setup:
 
 ## Train the CPU demo on the local sandbox (no GPU, no download); writes training_results/.
 demo: setup
-	$(BIN)/trl-sandbox train --preset cpu-demo
+	$(BIN)/trl-sandbox train --preset cpu-demo --overwrite_output_dir true
 
 ## The whole test suite (offline) and the linter, then the suite on the other Pythons the project
 ## claims (scripts/test-matrix.sh: 3.10 to 3.13, each in its own .venv-pyX.Y).

@@ -2,7 +2,7 @@
 # The test suite on every Python the project claims (requires-python >= 3.10), each in its own
 # virtual environment built by scripts/setup.sh. Run by `make test` after the main suite.
 #
-#   FULL_PYTHONS   versions that get the whole suite but the `slow` tests, with torch and TRL
+#   FULL_PYTHONS   versions (an empty value: none) that get the whole suite but the `slow` tests, with torch and TRL
 #                  (default: 3.11 3.12; GPU images ship 3.12)
 #   CORE_PYTHONS   versions that get the torch-free tests: import, CLI, scoring, bans, judge,
 #                  and the content fuzz (default: 3.10 3.13)
@@ -14,8 +14,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-FULL_PYTHONS=${FULL_PYTHONS:-3.11 3.12}
-CORE_PYTHONS=${CORE_PYTHONS:-3.10 3.13}
+FULL_PYTHONS=${FULL_PYTHONS-3.11 3.12}
+CORE_PYTHONS=${CORE_PYTHONS-3.10 3.13}
 CORE_TESTS=(tests/test_import.py tests/test_content_fuzz.py tests/test_judge_values.py
             tests/test_judge_isolation.py tests/test_scoring.py tests/test_cli.py tests/test_extract.py
             tests/test_bans.py tests/test_builtin_tasks.py tests/test_generic_task.py tests/test_hacks.py

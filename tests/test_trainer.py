@@ -143,7 +143,7 @@ def test_pool_is_torn_down_however_training_ends(tmp_path, mode, returncode):
 
 def test_unknown_provider_fails_at_construction(tmp_path):
     args = SandboxGRPOConfig(**tiny.grpo_kwargs(tmp_path), sandbox_provider="nonexistent")
-    with pytest.raises(ConfigError, match="installed sandbox providers:.*flaky"):
+    with pytest.raises(ConfigError, match="Installed sandbox providers:.*flaky"):
         SandboxGRPOTrainer(model=tiny.model(), args=args, train_dataset=echo_dataset(),
                            processing_class=tiny.tokenizer())
 

@@ -56,7 +56,15 @@ class TrainArguments:
         metadata={"help": "A named preset: `cpu-demo` trains a small in-process model on a CPU with no download."},
     )
     seed_preset: int = field(default=0, metadata={"help": "Seed of the preset's model, data and warm start."})
-    plot: bool = field(default=True, metadata={"help": "Write rewards.png (mean reward and pass rate per step)."})
+    plot: bool = field(
+        default=True,
+        metadata={"help": "Write rewards.png (mean reward and pass rate per step); `--no_plot` skips it."},
+    )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Replace an earlier run found in `output_dir` (its files are removed first). Without it "
+                  "a run refuses an `output_dir` that holds another run's results."},
+    )
 
 
 def _accelerator_defaults() -> dict[str, Any]:
@@ -69,12 +77,31 @@ def _accelerator_defaults() -> dict[str, Any]:
     return {"use_cpu": True, "bf16": False, "use_vllm": False, "gradient_checkpointing": False}
 
 
-def _preset_name(argv: Sequence[str]) -> str | None:
+def _flag(argv: Sequence[str], name: str) -> str | None:
     for i, arg in enumerate(argv):
-        if arg == "--preset" and i + 1 < len(argv):
+        if arg == name and i + 1 < len(argv):
             return argv[i + 1]
-        if arg.startswith("--preset="):
+        if arg.startswith(name + "="):
             return arg.split("=", 1)[1]
+    return None
+
+
+def _preset_name(argv: Sequence[str]) -> str | None:
+    """The preset named on the command line, else in the YAML file: its settings must apply either way."""
+    name = _flag(argv, "--preset")
+    if name is not None:
+        return name
+    config_file = _flag(argv, "--config")
+    if config_file:
+        import yaml
+
+        try:
+            with open(config_file, encoding="utf-8") as fh:
+                data = yaml.safe_load(fh) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ValueError(f"cannot read --config {config_file!r}: {exc}") from None
+        if isinstance(data, dict) and data.get("preset"):
+            return str(data["preset"])
     return None
 
 
@@ -136,6 +163,7 @@ def run(config, train_args: TrainArguments) -> int:
     from .tasks import load_tasks
     from .trainer import SandboxGRPOTrainer
 
+    run_dir = preflight(config, train_args)
     kwargs: dict[str, Any] = {}
     if train_args.preset:
         from .presets import get_preset
@@ -151,10 +179,8 @@ def run(config, train_args: TrainArguments) -> int:
         task_ids = train_args.task_ids.split(",") if train_args.task_ids else None
         dataset = load_tasks(train_args.tasks, **({"task_ids": task_ids} if task_ids else {}))
 
-    Path(config.output_dir).mkdir(parents=True, exist_ok=True)
+    run_dir.claim()
     metrics_path = Path(config.output_dir) / (config.sandbox_metrics_file or "metrics.jsonl")
-    if metrics_path.exists():
-        metrics_path.unlink()  # one run per file: the plot and the gain are computed from it
 
     progress = RewardProgressCallback()
     trainer = SandboxGRPOTrainer(model=model, args=config, train_dataset=dataset, callbacks=[progress], **kwargs)
@@ -174,7 +200,43 @@ def run(config, train_args: TrainArguments) -> int:
         print(summary.text)
         with open(Path(config.output_dir) / "summary.json", "w") as fh:
             json.dump(summary.data, fh, indent=2)
+        run_dir.finish()
+        print(f"Results written to {Path(config.output_dir).resolve()}")
     return 0
+
+
+def preflight(config, train_args: TrainArguments):
+    """Every check that needs no model, before the model is loaded or built (which can take minutes).
+
+    The provider's name and settings (a missing API key), the task set, the reward scheme and
+    the output directory; returns the claimed-to-be run directory.
+    """
+    from .plugins import get_task_set, make_provider, providers
+    from .run_dir import RunDirectory
+
+    if config.sandbox_provider not in providers():
+        make_provider(config.sandbox_provider)  # raises the ConfigError with the close match
+    # Building the provider checks its settings and credentials (no sandbox is created); the
+    # trainer builds its own once the model is there.
+    provider = make_provider(config.sandbox_provider, dict(config.sandbox_provider_settings or {}))
+    _close_quietly(provider)
+    if not train_args.preset:
+        get_task_set(train_args.tasks)
+    # Under `accelerate launch` every rank runs this; the first one owns the output directory.
+    main_process = os.environ.get("RANK", "0") == "0"
+    return RunDirectory(config.output_dir, overwrite=train_args.overwrite_output_dir, check=main_process)
+
+
+def _close_quietly(provider: Any) -> None:
+    import asyncio
+
+    aclose = getattr(provider, "aclose", None)
+    if aclose is None:
+        return
+    try:
+        asyncio.run(aclose())
+    except Exception:
+        pass
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from .plugins import make_provider
 from .pool import PoolSettings, SandboxPool
 from .rewards import SandboxReward
 from .sandbox import ConfigError, ResourceLimits, SandboxSpec
+from .schemes import get_scheme
 from .scoring import Scorer
 from .tags import RunInfo, collect_tags, new_run_id
 from .tasks import STATUSES, TASK_COLUMN, resolve_task
@@ -61,6 +62,19 @@ def parse_mapping(value: Any, name: str) -> dict[str, Any]:
             raise ConfigError(f"{name}: expected KEY=VALUE pairs separated by commas, got {item!r}")
         out[key.strip()] = val.strip()
     return out
+
+
+def _has_accelerator() -> bool:
+    import torch
+
+    for name in ("cuda", "xpu", "npu", "mps"):
+        backend = getattr(torch, name, None) or getattr(torch.backends, name, None)
+        try:
+            if backend is not None and backend.is_available():
+                return True
+        except Exception:
+            continue
+    return False
 
 
 @dataclass
@@ -142,6 +156,11 @@ class SandboxGRPOConfig(GRPOConfig):
     )
 
     def __post_init__(self) -> None:
+        if self.bf16 is None and not self.fp16 and not _has_accelerator():
+            # TRL defaults to bf16, which transformers refuses on a machine without an accelerator;
+            # there, training can only run on the CPU in full precision.
+            self.bf16 = False
+            self.use_cpu = True
         super().__post_init__()
         self._check_sandbox_fields()
 
@@ -170,6 +189,11 @@ class SandboxGRPOConfig(GRPOConfig):
             raise ConfigError("sandbox_timeout must be a positive number of seconds")
         if not self.sandbox_lifetime_s or self.sandbox_lifetime_s <= 0:
             raise ConfigError("sandbox_lifetime_s must be a positive number of seconds (it is always finite)")
+        if self.sandbox_cpu_seconds is not None and self.sandbox_cpu_seconds <= 0:
+            raise ConfigError("sandbox_cpu_seconds must be a positive number of seconds (or unset)")
+        if self.sandbox_reward_deadline_s is not None and self.sandbox_reward_deadline_s <= 0:
+            raise ConfigError("sandbox_reward_deadline_s must be a positive number of seconds (or unset)")
+        get_scheme(self.sandbox_reward_scheme)  # an unknown scheme fails here, not at the first step
 
     def sandbox_spec(self) -> SandboxSpec:
         cpu = self.sandbox_cpu_seconds or max(1.0, 2 * self.sandbox_timeout)

@@ -61,7 +61,7 @@ TAG_SEPARATOR = ":"
 KEY_HINT = (
     "set CWSANDBOX_API_KEY (a CoreWeave Sandbox API key; the cwsandbox SDK reads only this variable, "
     "AVIATO_API_KEY from the Aviato days is not read) or pass the provider setting api_key=...; "
-    "to authenticate with Weights & Biases instead, pass auth=wandb (needs `pip install 'cwsandbox[wandb]'` "
+    "to authenticate with Weights & Biases instead, pass auth=wandb (needs `pip install 'trl-sandbox-coreweave[wandb]'` "
     "and WANDB_API_KEY or `wandb login`)"
 )
 _QUOTA = re.compile(r"(?<![a-z])quota", re.IGNORECASE)  # also matches reasons like CWSANDBOX_QUOTA_EXCEEDED
@@ -368,7 +368,7 @@ class CoreWeaveProvider:
             try:
                 import wandb  # noqa: F401
             except ImportError:
-                raise ConfigError("coreweave provider setting auth=wandb needs `pip install 'cwsandbox[wandb]'`") from None
+                raise ConfigError("coreweave provider setting auth=wandb needs `pip install 'trl-sandbox-coreweave[wandb]'`") from None
             self._auth = cwsandbox.AuthStrategy.WANDB
         else:
             raise ConfigError(f"coreweave provider setting auth={auth!r} must be api_key or wandb")
