@@ -295,7 +295,7 @@ def test_state_left_behind_is_gone(box):
         with open('/work/left.txt', 'w') as f:
             f.write('file')
         libc = ctypes.CDLL(None)
-        print(libc.mq_open(b'/left', os.O_CREAT | os.O_RDWR, 0o600, None) >= 0)   # a POSIX message queue
+        print(libc.mq_open(b'/left', os.O_CREAT | os.O_RDWR, 0o600, None) == -1)  # no IPC object can be made
         subprocess.Popen(['sleep', '60'], start_new_session=True)
         builtins.open = None                      # sabotage the next program's builtins
         json.loads = lambda s: 'forged'           # and a pre-imported module

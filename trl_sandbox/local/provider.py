@@ -41,17 +41,17 @@ stdin/stdout. What other code can rely on:
   ``preload`` are already imported (in their pristine state: each exec starts from a fresh fork).
 
 Memory, per sandbox, in ``memory_mode="deny"`` (the default): the seccomp filter refuses SysV
-shared memory, message queues and semaphores and ``memfd_create``, the calls that pin memory
-outside every address space. What a sandbox can hold is then at most ``work_size_mb +
-tmp_size_mb + shm_size_mb`` of tmpfs (336 MiB by default; their inodes are capped too) plus
-``memory_mb`` of address space per process times ``max_processes`` processes (RLIMIT_AS,
-RLIMIT_NPROC; 1 GiB x 64 with the default ``ResourceLimits``), plus 800 KiB of POSIX message
-queues (RLIMIT_MSGQUEUE), plus the supervisor itself (~40 MB) and kernel buffers of the
-program's pipes and sockets (bounded by ``open_files`` per process, charged only by a memory
-cgroup). ``SandboxSpec.cpus`` and ``SandboxSpec.memory_mb`` are not enforced (no cgroups);
-``memory_mode="cgroup"`` allows the pinning calls, for a setup where a memory cgroup charges
-them. Every sandbox process has ``oom_score_adj=1000``, so the host's OOM killer picks sandboxed
-code first.
+shared memory, message queues and semaphores, POSIX message queues and ``memfd_create``, the
+calls that pin memory outside every address space. What a sandbox can hold is then at most
+``work_size_mb + tmp_size_mb + shm_size_mb`` of tmpfs (336 MiB by default; their inodes are
+capped too) plus ``memory_mb`` of address space per process times ``max_processes`` processes
+(RLIMIT_AS, RLIMIT_NPROC; 1 GiB x 64 with the default ``ResourceLimits``), plus the supervisor
+itself (about 20 MB RSS) and kernel buffers of the program's pipes and sockets (bounded by
+``open_files`` per process, charged only by a memory cgroup). ``memory_mode="cgroup"`` allows the
+refused calls (each exec then gets an IPC namespace of its own, and POSIX queues are capped at
+800 KiB by RLIMIT_MSGQUEUE), for a setup where a memory cgroup charges them.
+``SandboxSpec.cpus`` and ``SandboxSpec.memory_mb`` are not enforced (no cgroups). Every sandbox
+process has ``oom_score_adj=1000``, so the host's OOM killer picks sandboxed code first.
 """
 
 from __future__ import annotations

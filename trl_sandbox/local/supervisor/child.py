@@ -97,10 +97,10 @@ def run_python_child(job):
             namespace["__loader__"] = sys.modules["_frozen_importlib_external"].SourceFileLoader("__main__", filename)
     sys.modules["__main__"] = main
     _signal.signal(_signal.SIGINT, _signal.default_int_handler)
-    kernel.PREPARED.prctl(kernel.PR_SET_DUMPABLE, 1, 0, 0, 0)  # as after execve: /proc/self is its own again
     gc.enable()
     apply_limits()
     kernel.enter_program()
+    kernel.PREPARED.prctl(kernel.PR_SET_DUMPABLE, 1, 0, 0, 0)  # as after execve: /proc/self is its own again
     status_page = S.STATUS
     status = 0
     interrupted = False
