@@ -323,6 +323,32 @@ def test_calls_a_program_never_needs_are_denied(box):
     assert r.stdout == "thread\nchild\n25\n1\n", r
 
 
+OTHER_ABIS = """
+    import mmap
+    x32 = libc.syscall(39 | 0x40000000)                            # getpid through the x32 ABI
+    x32 = x32 if x32 >= 0 else -ctypes.get_errno()
+    code = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    code.write(bytes([0xB8, 0x14, 0, 0, 0, 0xCD, 0x80, 0xC3]))   # mov eax, 20 (getpid); int 0x80; ret
+    print(json.dumps([x32, os.getpid()]), flush=True)
+    i386 = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(code)))()
+    print(json.dumps(i386 == os.getpid()))
+"""
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the i386 and x32 ABIs exist on x86_64 only")
+def test_other_system_call_abis_do_not_get_around_the_filter(box):
+    # Control: on the host a 64-bit process can make i386 system calls (int 0x80).
+    r = subprocess.run(["/usr/bin/python3", "-c", PRELUDE + textwrap.dedent(OTHER_ABIS)], capture_output=True,
+                       text=True, timeout=30)
+    assert r.stdout.splitlines()[-1] == "true", r
+    # In the sandbox an x32 call is EPERM and an i386 call kills the process (SIGSYS).
+    r = box.py(PRELUDE + textwrap.dedent(OTHER_ABIS))
+    assert json.loads(r.stdout.splitlines()[0])[0] == -1 and len(r.stdout.splitlines()) == 1, r
+    assert r.exit_code == -31 and not r.timed_out, r
+    # Programs started by execve run under the same filter.
+    assert box.exec(["grep", "Seccomp:", "/proc/self/status"]).stdout == "Seccomp:\t2\n"
+
+
 def test_the_supervisors_modules_do_not_shadow_a_programs(box):
     for name in ("main", "protocol", "kernel", "state", "child"):
         box.write(f"{name}.py", f"WHO = 'program {name}'\n")
@@ -356,3 +382,23 @@ def test_a_kernel_that_refuses_the_isolation_is_a_config_error_at_construction()
     finally:
         os.unlink(wrapper)
         os.rmdir(folder)
+
+
+INODES = """
+    import sys
+    for _ in range(int(sys.argv[1])):                        # unnamed files: no entry, no mtime
+        os.close(os.open('/tmp', os.O_TMPFILE | os.O_RDWR, 0o600))
+    open('/tmp/new' + sys.argv[1], 'x').close()
+    print(json.dumps(os.stat('/tmp/new' + sys.argv[1]).st_ino))
+"""
+
+
+def test_reset_leaves_no_trace_in_the_inode_counter(box):
+    source = PRELUDE + textwrap.dedent(INODES)
+    box.reset()
+    first = json.loads(box.exec(["python3", "-c", source, "0"]).stdout)
+    # Control: within a lease, unnamed files move the inode numbers of the next file.
+    assert json.loads(box.exec(["python3", "-c", source, "50"]).stdout) >= first + 51
+    box.reset()
+    assert json.loads(box.exec(["python3", "-c", source, "0"]).stdout) == first
+    box.reset()

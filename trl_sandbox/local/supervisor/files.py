@@ -1,8 +1,9 @@
 """The host's file operations (confined to the work directory) and ``reset()``.
 
 A reset gives back the scratch places as new: instead of emptying them (which leaves their
-metadata: a default ACL, xattrs, a mode a program set on the directory itself), each one gets a
-fresh size-capped tmpfs on top, in the supervisor's own mount namespace (``kernel``).
+metadata: a default ACL, xattrs, a mode a program set on the directory itself, the tmpfs's inode
+counter), each one gets a fresh size-capped tmpfs on top, in the supervisor's own mount
+namespace (``kernel``).
 """
 
 import errno
@@ -71,7 +72,12 @@ SCRATCH = []
 
 
 def fresh_scratch():
-    """A new, empty tmpfs on every scratch place; then the work directory is our cwd again."""
+    """A fresh tmpfs on every scratch place, then the work directory is our cwd again.
+
+    Always, even where nothing seems to have happened: a program can leave traces that no check
+    of the old mount sees cheaply (the tmpfs's inode counter moves with every unnamed O_TMPFILE
+    file), and a new mount costs about a millisecond, mostly waiting, per reset.
+    """
     for path, size_mb, mode in SCRATCH:
         kernel.fresh_tmpfs(path, size_mb, mode)
     os.chdir(S.WORK)
