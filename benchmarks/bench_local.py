@@ -224,12 +224,12 @@ async def round_trips(provider: LocalProvider, n: int) -> dict:
 
 def run_fresh_bwrap(provider: LocalProvider, programs: list[tuple[str, str]], workers: int) -> dict:
     """One new container (same isolation as a local sandbox) and one new interpreter per program."""
-    env = provider._env({})
+    env = provider._command.env({})
 
     def one(item):
-        args, fds = provider._args(env, [provider._python, "-c", item[1]])
+        args, fds = provider._command.args(env, [provider._python, "-c", item[1]])
         try:
-            r = subprocess.run(args, pass_fds=fds, capture_output=True, timeout=TIMEOUT + 5, **provider._spawn_kwargs())
+            r = subprocess.run(args, pass_fds=fds, capture_output=True, timeout=TIMEOUT + 5, **provider._command.spawn_kwargs())
         finally:
             for fd in fds:
                 os.close(fd)

@@ -1,0 +1,316 @@
+"""One local sandbox seen from the host: a ``bwrap`` process and the channel to its supervisor.
+
+The supervisor answers over bwrap's stdout (``supervisor/protocol.py``). bwrap's stderr carries
+only what bwrap or a dying interpreter says; it is drained all the time (keeping the last few KB,
+for ``_death_reason``), so that nothing written there can ever block PID 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import marshal
+import os
+import signal
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from ..sandbox import ExecResult, InfraError, SandboxSpec, exec_arguments
+from .supervisor import protocol as _proto
+
+if TYPE_CHECKING:
+    from .provider import LocalProvider
+
+log = logging.getLogger("trl_sandbox.local.provider")
+
+HEADER = _proto.HEADER
+LENGTH = _proto.LENGTH
+MARSHAL_VERSION = 4  # readable by every Python the supervisor supports (3.8+)
+# Bounds on a file operation's path, checked on the host before it reaches the supervisor (whose
+# directory creation must not depend on the interpreter's recursion limit).
+MAX_PATH_BYTES = 4096
+MAX_PATH_DEPTH = 64
+STDERR_KEPT = 8192  # the tail of bwrap's stderr kept for _death_reason
+
+
+class _Died(Exception):
+    """Internal: the supervisor went away (or stopped answering) during a request."""
+
+    def __init__(self, reason: str, *, by_host: bool = False, hung: bool = False):
+        super().__init__(reason)
+        self.by_host = by_host
+        self.hung = hung
+
+
+class LocalSandbox:
+    """One bubblewrap container with its supervisor. Use through ``LocalProvider.create``."""
+
+    def __init__(self, provider: LocalProvider, sandbox_id: str, spec: SandboxSpec, proc) -> None:
+        self.id = sandbox_id
+        self.spec = spec
+        self.tags = dict(spec.tags)
+        self.created_at = time.time()
+        self.python_version = ""
+        self._provider = provider
+        self._proc = proc
+        self._reader: asyncio.StreamReader = proc.stdout
+        self._writer: asyncio.StreamWriter = proc.stdin
+        self._lock = asyncio.Lock()
+        self._dead: str | None = None
+        self._dead_by_host = False
+        self._hang = False
+        self._grace = provider._grace
+        self._max_output = spec.limits.output_bytes
+        self._lifetime = asyncio.get_running_loop().call_later(spec.lifetime_s, self._expire)
+        self._kill_sent = False
+        # Signal bwrap through a pidfd: Popen.kill() first polls the child with waitpid, which can
+        # reap it under asyncio's child watcher (a spurious "Unknown child process" warning),
+        # and a bare pid could be reused once the process is reaped.
+        try:
+            self._pidfd: int | None = os.pidfd_open(proc.pid)
+        except (AttributeError, OSError):
+            self._pidfd = None
+        self._stderr_tail = bytearray()
+        self._drain = asyncio.get_running_loop().create_task(self._drain_stderr())
+
+    async def _drain_stderr(self) -> None:
+        """Read bwrap's stderr until it closes, keeping only its last ``STDERR_KEPT`` bytes: a
+        pipe nobody reads fills up, and then whoever writes to it (PID 1 itself) blocks."""
+        stream = self._proc.stderr
+        tail = self._stderr_tail
+        try:
+            while True:
+                chunk = await stream.read(1 << 16)
+                if not chunk:
+                    return
+                tail += chunk
+                if len(tail) > STDERR_KEPT:
+                    del tail[:-STDERR_KEPT]
+        except (OSError, ValueError):
+            return
+
+    @property
+    def pid(self) -> int:
+        """The host pid of the outer bwrap process."""
+        return self._proc.pid
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def _usable(self) -> bool:
+        return self._dead is None and self._proc.returncode is None
+
+    def _mark_dead(self, reason: str, *, by_host: bool = False) -> None:
+        if self._dead is None:
+            self._dead = reason
+            self._dead_by_host = by_host
+            log.debug("sandbox %s is dead: %s", self.id, reason)
+        if self._proc.returncode is None and not self._kill_sent:
+            self._kill_sent = True
+            try:
+                if self._pidfd is not None:
+                    signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+                else:
+                    self._proc.kill()
+            except ProcessLookupError:
+                pass
+
+    def _expire(self) -> None:
+        self._mark_dead(f"its lifetime of {self.spec.lifetime_s:g} s expired", by_host=True)
+
+    def _check(self) -> None:
+        if self._dead is not None:
+            raise InfraError(f"sandbox {self.id} is dead: {self._dead}")
+        if self._proc.returncode is not None:
+            self._mark_dead(f"bwrap exited with status {self._proc.returncode}")
+            raise InfraError(f"sandbox {self.id} is dead: {self._dead}")
+
+    async def _stop(self, reason: str) -> None:
+        self._lifetime.cancel()
+        self._mark_dead(reason, by_host=True)
+        try:
+            self._writer.close()
+        except Exception:
+            pass
+        try:
+            await asyncio.wait_for(self._proc.wait(), 10)
+            # Let both pipes see end of file while the loop runs, so that no transport is left
+            # to be closed by the garbage collector after the loop has stopped.
+            await asyncio.wait_for(asyncio.gather(self._reader.read(), asyncio.shield(self._drain)), 5)
+        except asyncio.TimeoutError:
+            log.warning("sandbox %s (pid %s) did not exit after SIGKILL", self.id, self._proc.pid)
+        except RuntimeError:
+            pass  # an exec in flight is reading stdout; it sees the end of file itself
+        if not self._drain.done():
+            self._drain.cancel()
+        transport = getattr(self._proc, "_transport", None)
+        if transport is not None:
+            transport.close()
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+
+    # -- transport -----------------------------------------------------------------------------
+
+    async def _call(
+        self, request: tuple, deadline: float | None, raw: bytes = b""
+    ) -> tuple[int, int, int, float, bytes, bytes]:
+        """Send one request (plus a raw frame, for an exec's stdin) and read its answer:
+        (kind, flags, code, duration, part1, part2)."""
+        payload = marshal.dumps(request, MARSHAL_VERSION)
+        watchdog = None
+        try:
+            self._writer.write(LENGTH.pack(len(payload)) + payload + raw)
+            if len(payload) + len(raw) > 1 << 16:
+                await self._writer.drain()
+            if deadline is not None:
+                watchdog = asyncio.get_running_loop().call_later(deadline, self._hung, deadline)
+            head = await self._reader.readexactly(HEADER.size)
+            kind, flags, code, duration, n1, n2 = HEADER.unpack(head)
+            if kind == _proto.K_RESULT and (n1 > self._max_output or n2 > self._max_output):
+                self._mark_dead("the supervisor sent more output than the cap")
+                raise _Died(self._dead or "protocol error")
+            body = await self._reader.readexactly(n1 + n2) if n1 + n2 else b""
+        except asyncio.CancelledError:
+            # The answer is still on its way: the channel cannot be reused.
+            self._mark_dead("a request was cancelled before its answer arrived")
+            raise
+        except (asyncio.IncompleteReadError, ConnectionError) as exc:
+            if self._dead is None:
+                self._mark_dead(await self._death_reason())
+            raise _Died(self._dead or "the sandbox died", by_host=self._dead_by_host, hung=self._hang) from exc
+        finally:
+            if watchdog is not None:
+                watchdog.cancel()
+        if n2:
+            return kind, flags, code, duration, body[:n1], body[n1:]
+        return kind, flags, code, duration, body, b""
+
+    def _hung(self, deadline: float) -> None:
+        self._hang = True
+        self._mark_dead(f"no answer from the supervisor within {deadline:.1f} s")
+
+    async def _death_reason(self) -> str:
+        """Why the channel closed: bwrap's exit status and whatever it (or Python) said on stderr."""
+        try:
+            await asyncio.wait_for(self._proc.wait(), 1.0)
+            await asyncio.wait_for(asyncio.shield(self._drain), 1.0)
+        except (asyncio.TimeoutError, OSError):
+            pass
+        detail = bytes(self._stderr_tail)
+        rc = self._proc.returncode
+        reason = "the supervisor exited" if rc is None else f"bwrap exited with status {rc}"
+        text = detail.decode("utf-8", "replace").strip()[-500:]
+        return f"{reason}: {text}" if text else reason
+
+    async def _start(self, config: dict, timeout: float) -> None:
+        try:
+            kind, _, _, _, version, _ = await asyncio.wait_for(self._call((_proto.OP_CONFIG, config), None), timeout)
+        except _Died as exc:
+            raise InfraError(f"sandbox {self.id} failed to start: {exc}") from None
+        except asyncio.TimeoutError as exc:
+            raise InfraError(f"sandbox {self.id} did not start within {timeout:g} s") from exc
+        if kind != _proto.K_OK:
+            raise InfraError(f"sandbox {self.id} failed to start: unexpected answer {kind!r}")
+        self.python_version = version.decode(errors="replace")
+
+    async def _simple(self, request: tuple, timeout: float = 60.0) -> tuple[int, int, bytes]:
+        async with self._lock:
+            self._check()
+            try:
+                kind, _, code, _, part1, _ = await self._call(request, timeout)
+            except _Died as exc:
+                raise InfraError(f"sandbox {self.id} died: {exc}") from None
+        if kind == _proto.K_ERROR:
+            # A living supervisor answered: the operation failed on its arguments or on what programs
+            # left in the sandbox, never because the sandbox broke (that is a _Died above). It is
+            # the caller's error to see; a reset that fails this way makes the pool replace the sandbox.
+            raise OSError(code or errno.EINVAL, f"sandbox {self.id}: {part1.decode('utf-8', 'replace')}")
+        return kind, code, part1
+
+    # -- Sandbox API ---------------------------------------------------------------------------
+
+    async def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | str | None = None,
+        timeout: float,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> ExecResult:
+        argv, stdin = exec_arguments(argv, stdin, timeout, allow_empty=True)  # the supervisor answers 127
+        if env:
+            env = {str(k): str(v) for k, v in env.items()}
+        stdin = stdin or b""
+        request = (_proto.OP_EXEC, argv, len(stdin), float(timeout), cwd, env or None)
+        async with self._lock:
+            self._check()
+            started = time.monotonic()
+            try:
+                kind, flags, code, duration, out, err = await self._call(request, timeout + self._grace, stdin)
+            except _Died as exc:
+                if exc.by_host:
+                    raise InfraError(f"sandbox {self.id} was stopped during an exec: {exc}") from None
+                return ExecResult(
+                    exit_code=None,
+                    stderr=f"trl-sandbox: the sandbox died during this execution ({exc})\n",
+                    timed_out=exc.hung,
+                    duration_s=time.monotonic() - started,
+                )
+        if kind != _proto.K_RESULT:
+            self._mark_dead(f"protocol error: answer {kind!r} to an exec")
+            raise InfraError(f"sandbox {self.id}: {self._dead}")
+        return ExecResult(
+            exit_code=code,
+            stdout=out.decode("utf-8", "replace"),
+            stderr=err.decode("utf-8", "replace"),
+            timed_out=bool(flags & _proto.F_TIMED_OUT),
+            oom_killed=bool(flags & _proto.F_OOM),
+            truncated=bool(flags & _proto.F_TRUNCATED),
+            duration_s=duration,
+        )
+
+    def _path(self, path: str) -> str:
+        work = self._provider.work_dir
+        if not isinstance(path, str):
+            raise TypeError(f"a sandbox path must be a str, not {type(path).__name__}")
+        try:
+            encoded = path.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"path {path!r} is not valid UTF-8 (a lone surrogate?)") from None
+        if len(encoded) > MAX_PATH_BYTES or path.count("/") > MAX_PATH_DEPTH:
+            raise ValueError(f"path is longer than {MAX_PATH_BYTES} bytes or {MAX_PATH_DEPTH} levels")
+        full = os.path.normpath(os.path.join(work, path))
+        if "\0" in path or not (full == work or full.startswith(work + "/")):
+            raise ValueError(f"path {path!r} is outside the sandbox work directory {work}")
+        return full
+
+    async def write_file(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
+        if isinstance(data, str):
+            data = data.encode()
+        await self._simple((_proto.OP_WRITE, self._path(path), bytes(data), int(mode)))
+
+    async def read_file(self, path: str) -> bytes:
+        _, _, data = await self._simple((_proto.OP_READ, self._path(path)))
+        return data
+
+    async def reset(self) -> None:
+        await self._simple((_proto.OP_RESET,))
+
+    async def alive(self) -> bool:
+        if not self._usable():
+            return False
+        if self._lock.locked():
+            return True  # busy with an exec, which has its own watchdog
+        try:
+            await self._simple((_proto.OP_PING,), timeout=10.0)
+        except (InfraError, OSError):
+            return False
+        return True
+
+    def __repr__(self) -> str:
+        state = "running" if self._usable() else f"dead ({self._dead})"
+        return f"<LocalSandbox {self.id} pid={self._proc.pid} {state}>"
+

@@ -1,0 +1,17 @@
+"""The supervisor of a local sandbox: PID 1 inside the bubblewrap container.
+
+These modules run *inside* the sandbox with the sandbox's interpreter (standard library only,
+Python 3.8+). They are shipped in read-only at ``/.trl-sandbox/_trl_sandbox_supervisor/`` (a name
+no program's own module will shadow) and started by ``/.trl-sandbox/supervisor.py``; that
+directory leaves ``sys.path`` before any program runs. The host imports ``protocol`` from here
+for the wire format, and nothing else.
+
+* ``protocol``: the wire format and the channel to the host.
+* ``state``: the configuration and the few pieces of state the other modules share.
+* ``kernel``: what makes every program start from a clean kernel: its own IPC namespace, no
+  capabilities, a seccomp filter; and the fresh tmpfs mounts of every lease.
+* ``forkserver``: the exec path in the supervisor (plan, compile, fork, wait, sweep).
+* ``child``: the exec path in the forked child (become the program).
+* ``files``: the host's file operations and ``reset()``.
+* ``main``: start-up, configuration and the request loop.
+"""

@@ -1,0 +1,93 @@
+"""The host's file operations (confined to the work directory) and ``reset()``.
+
+A reset gives back the scratch places as new: instead of emptying them (which leaves their
+metadata: a default ACL, xattrs, a mode a program set on the directory itself, the tmpfs's inode
+counter), each one gets a fresh size-capped tmpfs on top, in the supervisor's own mount
+namespace (``kernel``).
+"""
+
+import errno
+import gc
+import os
+import stat
+
+from . import kernel
+from . import state as S
+from .protocol import K_DATA, K_OK, reply, write_all
+
+
+def open_regular(path, flags, mode=0o644):
+    """Open a regular file without blocking: a FIFO or device a program left must not hang us."""
+    fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_regular(path):
+    with open(open_regular(path, os.O_RDONLY), "rb") as f:
+        return f.read()
+
+
+def confined(path):
+    """``path`` under the work directory, also once symlinks are resolved.
+
+    Programs may leave symlinks in the work directory (to ``/proc/1/mem``, say); the host's
+    file operations must not follow them out. No program runs while the host reads or writes
+    files (leftovers are killed after every exec), so the check cannot be raced.
+    """
+    work = S.WORK
+    full = os.path.normpath(os.path.join(work, path))
+    for candidate in (full, os.path.realpath(full)):
+        if "\0" in path or not (candidate == work or candidate.startswith(work + "/")):
+            raise PermissionError(errno.EACCES, "path escapes the work directory", path)
+    return full
+
+
+def do_write(request):
+    _, path, data, mode = request
+    full = confined(path)
+    os.makedirs(os.path.dirname(full), exist_ok=True)
+    fd = open_regular(full, os.O_WRONLY | os.O_CREAT, mode)
+    try:
+        os.ftruncate(fd, 0)
+        write_all(fd, data)
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+    reply(K_OK)
+
+
+def do_read(request):
+    reply(K_DATA, part1=read_regular(confined(request[1])))
+
+
+# (path, size in MiB, mode) of every scratch place, from the configuration.
+SCRATCH = []
+
+
+def fresh_scratch():
+    """A fresh tmpfs on every scratch place, then the work directory is our cwd again.
+
+    Always, even where nothing seems to have happened: a program can leave traces that no check
+    of the old mount sees cheaply (the tmpfs's inode counter moves with every unnamed O_TMPFILE
+    file), and a new mount costs about a millisecond, mostly waiting, per reset.
+    """
+    for path, size_mb, mode in SCRATCH:
+        kernel.fresh_tmpfs(path, size_mb, mode)
+    os.chdir(S.WORK)
+
+
+def do_reset(request):
+    from .forkserver import sweep  # forkserver imports this module
+
+    sweep()
+    fresh_scratch()
+    gc.collect()
+    gc.freeze()
+    reply(K_OK)

@@ -1,0 +1,312 @@
+"""The exec path in the supervisor: plan how to run an argv, compile, fork, collect the output,
+and kill everything the exec left behind.
+
+Python execs are served by forking this pre-imported interpreter; anything else is ``fork`` +
+``execve``. The child gets its own process group, fresh pipes for stdout and stderr, stdin from a
+memfd (or ``/dev/null``), the configured rlimits and a clean kernel (``kernel.enter_program``).
+When it exits or times out, everything else left in the namespace is killed and reaped; its IPC
+namespace, with every object a program made in it, goes with the last of them.
+
+The cost of a fork is dominated by the pages the child and the supervisor touch afterwards
+(each is a copy-on-write fault), so the child's preparation is done once, before any fork
+(standard streams, rlimits, compiled code, the seccomp program), and modules whose fork hooks
+would run in every child are kept out of the pre-imported set (``threading``) or have their hook
+run in the supervisor instead (``random`` is reseeded before each fork).
+"""
+
+import gc
+import mmap
+import os
+import select
+import signal
+import time
+import warnings
+
+from . import state as S
+from .child import EXIT_NOT_FOUND
+from .files import read_regular
+from .protocol import F_OOM, F_TIMED_OUT, F_TRUNCATED, K_RESULT, read_fd, receive_stdin, reply
+
+# Single-letter interpreter flags that a forked interpreter can honour (or that make no difference
+# to one that is already running). Any other flag (-m, -O, -W, -X, ...) runs the real interpreter.
+PY_FLAGS = frozenset("IsSuBEq")
+# Sources longer than this are compiled in the child (under its limits), not in the supervisor.
+MAX_PARENT_COMPILE = 512 * 1024
+READ_STDIN = "\0read-stdin\0"  # python_plan's marker for "the program itself comes on stdin"
+
+
+def python_plan(argv, stdin, cwd, env):
+    """Describe how to run ``argv`` in a forked interpreter, or return None to execve it.
+
+    Returns ``(source, filename, sys_argv, path0, unbuffered, stdin)``: ``path0`` is what a fresh
+    interpreter puts first on ``sys.path`` (None under -I) and ``stdin`` what the child reads.
+    """
+    if argv[0] not in S.PY_NAMES:
+        return None
+    if env and any(k.startswith("PYTHON") for k in env):
+        return None
+    unbuffered = isolated = False
+    i, n = 1, len(argv)
+    while i < n:
+        arg = argv[i]
+        if arg == "-" or arg == "--" or not arg.startswith("-"):
+            break
+        letters = arg[1:]
+        command = letters.endswith("c")
+        if command:
+            letters = letters[:-1]
+        if not all(ch in PY_FLAGS for ch in letters):
+            return None
+        unbuffered = unbuffered or "u" in letters
+        isolated = isolated or "I" in letters
+        if command:
+            if i + 1 >= n:
+                return None
+            return (argv[i + 1], "<string>", ["-c"] + argv[i + 2:], None if isolated else "", unbuffered, stdin)
+        i += 1
+    if i < n and argv[i] == "--":
+        i += 1
+    if i >= n or argv[i] == "-":
+        # The program comes from stdin; once it is read, the child's stdin is at end of file.
+        if stdin is None:
+            return None
+        return (stdin, "<stdin>", ["-" if i < n else ""] + argv[i + 1:], None if isolated else "", unbuffered, None)
+    script = argv[i]
+    path = os.path.normpath(os.path.join(S.WORK, cwd or "", script))
+    try:
+        source = read_regular(path)
+    except OSError:
+        return None  # let the real interpreter report it (or read the FIFO) in its own words
+    return (source, path, argv[i:], None if isolated else os.path.dirname(path), unbuffered, stdin)
+
+
+class _Warned(Exception):
+    """Raised out of compile() by the first compile-time warning (see compiled())."""
+
+
+def _refuse_warning(*args, **kwargs):
+    raise _Warned
+
+
+def compile_quietly(source, filename):
+    """compile(), or None when it warns (SyntaxWarning, DeprecationWarning, ...).
+
+    Compile-time warnings must reach the program's stderr as a fresh interpreter prints them,
+    never the supervisor's (bwrap's stderr: a flood of them once hung PID 1). The first one
+    stops the compile here; the child compiles the source again itself, under its own limits
+    and filters, with its stderr in place.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = _refuse_warning
+        try:
+            return compile(source, filename, "exec", dont_inherit=True)
+        except _Warned:
+            return None
+
+
+def compiled(source, filename):
+    """A code object, compiled here before the fork; the exception compile raised; or None to
+    have the child compile it.
+
+    Code is kept for sources seen before (a judge program sent with every exec, a benchmark's
+    programs): one seen for the first time is compiled and dropped after the fork, so the
+    unique programs of training never fill the cache (nor grow the memory every fork copies).
+    """
+    if len(source) > MAX_PARENT_COMPILE:
+        return None  # compiled by the child, under its limits
+    key = (source, filename)
+    cache = S.CACHE
+    code = cache.pop(key, None)
+    if code is None:
+        try:
+            code = compile_quietly(source, filename)
+        except Exception as exc:  # SyntaxError, ValueError (NUL bytes), RecursionError, ...
+            exc.__traceback__ = None
+            return exc
+        if code is None:
+            return None
+        digest = hash(key)
+        if digest not in S.SEEN:
+            if len(S.SEEN) >= 4096:
+                S.SEEN.clear()
+            S.SEEN.add(digest)
+            return code
+        S.SEEN.discard(digest)
+        S.CACHE_BYTES[0] += len(source)
+        while cache and (len(cache) >= S.CACHE_MAX_ENTRIES or S.CACHE_BYTES[0] > S.CACHE_MAX_BYTES):
+            old = next(iter(cache))
+            del cache[old]
+            S.CACHE_BYTES[0] -= len(old[0])
+        # Frozen objects are never scanned by a child's collector (fewer copy-on-write faults)
+        # and are invisible to its gc.get_objects().
+        gc.freeze()
+    cache[key] = code  # most recently used last
+    return code
+
+
+def do_exec(request):
+    """Run one exec. Returns None in the supervisor, and the job to run in the forked child."""
+    _, argv, stdin_len, timeout, cwd, env = request
+    # The raw stdin frame follows the request: take it off the channel before anything else.
+    stdin_fd = receive_stdin(stdin_len) if stdin_len else S.DEVNULL
+    if not argv:
+        if stdin_fd != S.DEVNULL:
+            os.close(stdin_fd)
+        reply(K_RESULT, code=EXIT_NOT_FOUND, part2=b"trl-sandbox: empty argv\n")
+        return None
+    plan = python_plan(argv, READ_STDIN if stdin_fd != S.DEVNULL else None, cwd, env)
+    code = None
+    if plan is not None:
+        if plan[0] is READ_STDIN:  # the program itself comes on stdin (not a secret of the judge)
+            plan = (read_fd(stdin_fd),) + plan[1:]
+            os.close(stdin_fd)
+            stdin_fd = S.DEVNULL
+        code = compiled(plan[0], plan[1])
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    # A page of its own for every exec: whatever a program writes into it dies with the exec.
+    S.STATUS = status_page = mmap.mmap(-1, 1)
+    for hook in S.PRE_FORK:
+        hook()
+    start = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        return (plan, code, argv, cwd, env, stdin_fd, out_w, err_w)
+    S.STATUS = None
+    os.close(out_w)
+    os.close(err_w)
+    if stdin_fd != S.DEVNULL:
+        os.close(stdin_fd)
+    try:
+        os.setpgid(pid, pid)
+    except OSError:
+        pass  # it already did so itself (and maybe exec'ed)
+    status, timed_out, out, err, truncated = wait_child(pid, start + timeout, out_r, err_r)
+    duration = time.monotonic() - start
+    flags = F_TRUNCATED if truncated else 0
+    if timed_out:
+        flags |= F_TIMED_OUT
+        exit_code = -signal.SIGKILL
+    else:
+        exit_code = exit_code_of(status)
+        if exit_code == -signal.SIGXCPU:
+            flags |= F_TIMED_OUT  # the CPU-seconds limit is a time limit too
+    oom = status_page[0] == 1
+    status_page.close()
+    if oom or (plan is None and exit_code > 0 and last_line(err).startswith(b"MemoryError")):
+        flags |= F_OOM
+    sweep()
+    reply(K_RESULT, flags, exit_code, duration, out, err)
+    return None
+
+
+def last_line(data):
+    return data.rstrip().rsplit(b"\n", 1)[-1]
+
+
+def exit_code_of(status):
+    """0-255 for an exit, minus the signal number for a death by signal (as subprocess does)."""
+    if os.WIFSIGNALED(status):
+        return -os.WTERMSIG(status)
+    if os.WIFEXITED(status):
+        return os.WEXITSTATUS(status)
+    return -1
+
+
+def wait_child(pid, deadline, out_r, err_r):
+    """Collect output until the child has exited and the pipes are closed, or the deadline.
+
+    Returns ``(status, timed_out, stdout, stderr, truncated)``. Output beyond the cap is read
+    and dropped, so that a writer never blocks on a full pipe.
+    """
+    watch = os.pidfd_open(pid) if S.USE_PIDFD else S.WAKE_R
+    poller = select.poll()
+    poller.register(out_r, select.POLLIN)
+    poller.register(err_r, select.POLLIN)
+    poller.register(watch, select.POLLIN)
+    chunks = {out_r: [], err_r: []}
+    kept = {out_r: 0, err_r: 0}
+    open_pipes = 2
+    truncated = timed_out = False
+    status = None
+    read = os.read
+    cap = S.OUTPUT_CAP
+    try:
+        while status is None or open_pipes:
+            if status is None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    done, status = os.waitpid(pid, os.WNOHANG)
+                    if not done:
+                        timed_out = True
+                        kill_all()
+                        status = os.waitpid(pid, 0)[1]
+                    poller.unregister(watch)
+                    continue
+                events = poller.poll(remaining * 1000.0)
+            else:
+                events = poller.poll(1000.0)
+                if not events:
+                    break  # an unkillable process holds a pipe: give up on the rest
+            for fd, _ in events:
+                if fd == watch:
+                    if not S.USE_PIDFD:
+                        drain_wakeups()
+                    done, st = os.waitpid(pid, os.WNOHANG)
+                    if done:
+                        status = st
+                        poller.unregister(watch)
+                        if open_pipes:
+                            # Whatever outlives the child may hold its pipes: end it now.
+                            kill_all()
+                    continue
+                data = read(fd, 65536)
+                if not data:
+                    poller.unregister(fd)
+                    open_pipes -= 1
+                    continue
+                room = cap - kept[fd]
+                if len(data) > room:
+                    truncated = True
+                    data = data[:room] if room > 0 else b""
+                if data:
+                    chunks[fd].append(data)
+                    kept[fd] += len(data)
+    finally:
+        if S.USE_PIDFD:
+            os.close(watch)
+        os.close(out_r)
+        os.close(err_r)
+    return status, timed_out, b"".join(chunks[out_r]), b"".join(chunks[err_r]), truncated
+
+
+def kill_all():
+    """SIGKILL every process of the namespace but ourselves; False when there was none."""
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def drain_wakeups():
+    try:
+        while os.read(S.WAKE_R, 512):
+            pass
+    except OSError:
+        pass
+
+
+def sweep():
+    """Kill and reap every process of the namespace but ourselves. Their IPC namespace (each
+    exec has its own) goes with the last of them, and with it every SysV object and POSIX
+    message queue they made."""
+    if kill_all():
+        while True:
+            try:
+                os.waitpid(-1, 0)
+            except ChildProcessError:
+                break
+    if not S.USE_PIDFD:
+        drain_wakeups()

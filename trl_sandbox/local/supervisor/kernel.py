@@ -1,0 +1,217 @@
+"""A clean kernel for every program: what the forked child does before the program's first
+instruction, and the fresh scratch mounts of every lease.
+
+The supervisor (PID 1) keeps two capabilities of the sandbox's user namespace, granted by
+bwrap's ``--cap-add``: ``CAP_SYS_ADMIN`` (to own a mount namespace and mount tmpfs, and to give
+each child its own IPC namespace) and ``CAP_SETPCAP`` (to empty a child's bounding set). A child
+then, before any program code runs:
+
+1. in memory mode ``"cgroup"``, ``unshare(CLONE_NEWIPC)``: fresh SysV IPC and POSIX message
+   queues. The namespace, with every object in it, goes away when the exec's last process is
+   killed, so nothing a program made there reaches the next program or another sandbox. In mode
+   ``"deny"`` the filter refuses every call that makes an IPC object, so the sandbox's (empty)
+   namespace is as fresh, and the ~0.1 ms of CPU a namespace costs per exec is saved.
+2. drops every capability: bounding set, ambient set, then effective/permitted/inheritable.
+3. ``PR_SET_NO_NEW_PRIVS`` and a seccomp filter in the spirit of Docker's default profile:
+   keyrings, ``ptrace``, new namespaces (``unshare``, ``setns``, ``clone`` with ``CLONE_NEW*``;
+   ``clone3`` is ENOSYS so that libc falls back to ``clone``), the ``mount`` family, kernel
+   modules, ``bpf``, ``perf_event_open``, ``kexec``, ``userfaultfd``, ``process_vm_*`` and the
+   like fail with EPERM; in memory mode ``"deny"`` so do SysV ``shmget``/``msgget``/``semget`` and
+   ``memfd_create``, which pin memory outside every address-space limit, and ``mq_open``. Other architectures
+   (e.g. i386 system calls from an x86_64 process) kill the process; the x32 range is EPERM.
+
+Everything is prepared once in the supervisor (the BPF program is built with ``struct``, the
+ctypes functions and buffers are made before any fork), so a child pays only the system calls.
+"""
+
+import ctypes
+import os
+import struct
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWIPC = 0x08000000
+CLONE_NS_FLAGS = 0x7E020000  # NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
+MS_NOSUID, MS_NODEV, MS_NOATIME, MS_REC, MS_PRIVATE = 2, 4, 0x400, 0x4000, 0x40000
+MNT_DETACH = 2
+PR_SET_DUMPABLE, PR_SET_SECCOMP, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 4, 22, 24, 38, 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+SECCOMP_MODE_FILTER = 2
+CAPABILITY_VERSION_3 = 0x20080522
+EPERM, ENOSYS = 1, 38
+
+# seccomp_data: nr (s32) @0, arch (u32) @4, ip @8, args[6] (u64) @16; little-endian on both.
+RET_KILL_PROCESS, RET_ERRNO, RET_ALLOW = 0x80000000, 0x00050000, 0x7FFF0000
+LD_ABS, JEQ, JGE, JSET, RET = 0x20, 0x15, 0x35, 0x45, 0x06
+X32_SYSCALL_BIT = 0x40000000
+
+# Denied to every program (EPERM). Numbers from the kernel's uapi headers: x86_64, aarch64.
+DENIED = {
+    "ptrace": (101, 117), "process_vm_readv": (310, 270), "process_vm_writev": (311, 271),
+    "keyctl": (250, 219), "add_key": (248, 217), "request_key": (249, 218),
+    "unshare": (272, 97), "setns": (308, 268),
+    "mount": (165, 40), "umount2": (166, 39), "pivot_root": (155, 41), "chroot": (161, 51),
+    "move_mount": (429, 429), "open_tree": (428, 428), "fsopen": (430, 430), "fsconfig": (431, 431),
+    "fsmount": (432, 432), "fspick": (433, 433), "mount_setattr": (442, 442),
+    "init_module": (175, 105), "finit_module": (313, 273), "delete_module": (176, 106),
+    "kexec_load": (246, 104), "kexec_file_load": (320, 294), "bpf": (321, 280),
+    "perf_event_open": (298, 241), "userfaultfd": (323, 282), "acct": (163, 89),
+    "swapon": (167, 224), "swapoff": (168, 225), "reboot": (169, 142),
+    "sethostname": (170, 161), "setdomainname": (171, 162), "syslog": (103, 116),
+    "quotactl": (179, 60), "quotactl_fd": (443, 443),
+    "open_by_handle_at": (304, 265), "name_to_handle_at": (303, 264), "lookup_dcookie": (212, 18),
+    "settimeofday": (164, 170), "clock_settime": (227, 112), "clock_adjtime": (305, 266), "adjtimex": (159, 171),
+    "pidfd_getfd": (438, 438), "kcmp": (312, 272), "fanotify_init": (300, 262), "vhangup": (153, 58),
+    "io_uring_setup": (425, 425), "io_uring_enter": (426, 426), "io_uring_register": (427, 427),
+    "memfd_secret": (447, 447), "nfsservctl": (180, 42),
+    # x86_64 only
+    "iopl": (172, None), "ioperm": (173, None), "create_module": (174, None), "get_kernel_syms": (177, None),
+    "query_module": (178, None), "uselib": (134, None), "ustat": (136, None), "sysfs": (139, None),
+    "_sysctl": (156, None),
+}
+# Denied in memory mode "deny": memory a program could pin beyond RLIMIT_AS, and with it every
+# call that makes an IPC object (so no program needs an IPC namespace of its own in that mode).
+DENY_MODE = {"shmget": (29, 194), "msgget": (68, 186), "semget": (64, 190), "memfd_create": (319, 279),
+             "mq_open": (240, 180)}
+CLONE, CLONE3 = (56, 220), (435, 435)
+ARCHES = {"x86_64": (0, 0xC000003E), "aarch64": (1, 0xC00000B7), "arm64": (1, 0xC00000B7)}
+
+LIBC = None
+
+
+def libc():
+    global LIBC
+    if LIBC is None:
+        LIBC = ctypes.CDLL(None, use_errno=True)
+    return LIBC
+
+
+def check(result, what):
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def seccomp_program(machine, memory_mode):
+    """The BPF program (bytes of ``struct sock_filter``) for this machine and memory mode."""
+    if machine not in ARCHES:
+        raise OSError(EPERM, f"no seccomp filter for the architecture {machine!r} (x86_64 and aarch64 have one)")
+    column, audit_arch = ARCHES[machine]
+    denied = [nrs[column] for nrs in DENIED.values()]
+    if memory_mode == "deny":
+        denied += [nrs[column] for nrs in DENY_MODE.values()]
+    ins = []
+
+    def op(code, k, jt=0, jf=0):
+        ins.append(struct.pack("<HBBI", code, jt, jf, k))
+
+    op(LD_ABS, 4)                      # arch
+    op(JEQ, audit_arch, 1, 0)
+    op(RET, RET_KILL_PROCESS)
+    op(LD_ABS, 0)                      # syscall number
+    if column == 0:
+        op(JGE, X32_SYSCALL_BIT, 0, 1)
+        op(RET, RET_ERRNO | EPERM)
+    for nr in sorted(set(n for n in denied if n is not None)):
+        op(JEQ, nr, 0, 1)
+        op(RET, RET_ERRNO | EPERM)
+    op(JEQ, CLONE3[column], 0, 1)
+    op(RET, RET_ERRNO | ENOSYS)
+    op(JEQ, CLONE[column], 1, 0)
+    op(RET, RET_ALLOW)
+    op(LD_ABS, 16)                     # clone: the low half of the flags
+    op(JSET, CLONE_NS_FLAGS, 0, 1)
+    op(RET, RET_ERRNO | EPERM)
+    op(RET, RET_ALLOW)
+    return b"".join(ins)
+
+
+class SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+
+
+class CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+class Prepared:
+    """Everything a child needs, made in the supervisor before any fork."""
+
+    def __init__(self, memory_mode):
+        lib = libc()
+        self.unshare = lib.unshare
+        self.prctl = lib.prctl
+        self.capset = lib.capset
+        self.fresh_ipc = memory_mode != "deny"
+        self.code = seccomp_program(os.uname().machine, memory_mode)
+        self.fprog = SockFprog(len(self.code) // 8, self.code)
+        self.fprog_ref = ctypes.byref(self.fprog)
+        self.cap_header = CapHeader(CAPABILITY_VERSION_3, 0)
+        self.cap_data = (CapData * 2)()
+        self.cap_refs = (ctypes.byref(self.cap_header), ctypes.byref(self.cap_data))
+        self.bounding = bounding_set()
+
+
+def bounding_set():
+    """The capabilities in our bounding set (bwrap leaves only the ones it was asked to add)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("CapBnd:"):
+                mask = int(line.split()[1], 16)
+                return [cap for cap in range(64) if mask >> cap & 1]
+    return []
+
+
+PREPARED = None
+
+
+def prepare(memory_mode):
+    global PREPARED
+    PREPARED = Prepared(memory_mode)
+
+
+def enter_program():
+    """In the forked child: a fresh IPC namespace (where IPC is allowed), no capabilities, the
+    seccomp filter."""
+    p = PREPARED
+    if p.fresh_ipc:
+        check(p.unshare(CLONE_NEWIPC), "unshare(CLONE_NEWIPC)")
+    prctl = p.prctl
+    for cap in p.bounding:
+        check(prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), "PR_CAPBSET_DROP")
+    check(prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "PR_CAP_AMBIENT_CLEAR_ALL")
+    check(p.capset(*p.cap_refs), "capset")
+    check(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "PR_SET_NO_NEW_PRIVS")
+    check(prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, p.fprog_ref, 0, 0), "seccomp")
+
+
+# -- the scratch mounts ------------------------------------------------------------------------
+
+MOUNTED = set()  # the places where the tmpfs on top is ours (and can be unmounted)
+
+
+def own_mount_namespace():
+    """Unshare the mount namespace (bwrap's belongs to its outer user namespace, where we cannot
+    mount) so that every lease can get fresh tmpfs mounts."""
+    lib = libc()
+    check(lib.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    lib.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None)  # nothing of ours propagates anywhere
+
+
+def fresh_tmpfs(path, size_mb, mode):
+    """Replace the tmpfs on ``path`` by an empty one: contents and metadata (modes, ACLs, xattrs,
+    ownership, special files, mounts below it) all as new."""
+    lib = libc()
+    target = path.encode()
+    if path in MOUNTED:
+        check(lib.umount2(target, MNT_DETACH), f"umount2({path})")
+        MOUNTED.discard(path)
+    # Inodes cost kernel memory that the size cap does not count: bound them too.
+    inodes = max(1024, int(size_mb) * 256)
+    options = f"size={int(size_mb)}m,nr_inodes={inodes},mode={mode:o},uid={os.getuid()},gid={os.getgid()}".encode()
+    # noatime: reading a directory must leave no trace that the next lease could read.
+    check(lib.mount(b"tmpfs", target, b"tmpfs", MS_NOSUID | MS_NODEV | MS_NOATIME, options), f"mount({path})")
+    MOUNTED.add(path)

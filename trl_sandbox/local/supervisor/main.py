@@ -1,0 +1,260 @@
+"""Start-up, configuration and the request loop of the supervisor (PID 1 of the sandbox).
+
+The container's command line carries nothing but the entry script; the configuration and every
+request arrive over stdin, and every answer leaves over stdout (``protocol``).
+
+Why PID 1: the kernel delivers to a namespace's init only the signals it installed a handler
+for, and this supervisor installs none (except SIGCHLD on Python 3.8), so sandboxed code cannot
+kill it (``kill -9 -1``, ``os.kill(1, 9)``, killing the parent are no-ops for it); and
+``kill(-1, SIGKILL)`` sent by init reaches every other process of the namespace at once,
+including ones that double-forked or called ``setsid``. The supervisor is non-dumpable, so its
+memory and descriptors (``/proc/1/mem``, ``/proc/1/fd``, ...) are closed to sandboxed code, and
+it keeps capabilities (``kernel``) that no program has.
+"""
+
+import gc
+import os
+import resource
+import signal
+import sys
+
+from . import files, kernel, protocol
+from . import state as S
+from .child import EXIT_CANNOT_RUN, run_child
+from .forkserver import do_exec, sweep
+from .protocol import K_ERROR, K_OK, OP_CONFIG, OP_EXEC, OP_PING, OP_READ, OP_RESET, OP_WRITE, reply
+
+ENTRY_DIR = "/.trl-sandbox"  # where the host ships these files in; never on a program's sys.path
+
+
+def _noop(signum, frame):
+    pass
+
+
+def startup():
+    """Move the host channel off fds 0/1, become non-dumpable, and apply the configuration."""
+    protocol.CTL_IN, protocol.CTL_OUT = os.dup(0), os.dup(1)  # dup(): non-inheritable across execve
+    S.DEVNULL = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
+    os.dup2(S.DEVNULL, 0)
+    os.dup2(S.DEVNULL, 1)
+    # Bound our own descriptor numbers so that a child closes all of them with one closerange().
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    S.FD_LIMIT = 1024 if hard == resource.RLIM_INFINITY else min(hard, 1024)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (S.FD_LIMIT, hard))
+    # Without a memory cgroup nothing bounds the sum of the children's address spaces, so make
+    # every process of the sandbox the host OOM killer's first choice (the largest one goes).
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError:
+        pass
+    if kernel.libc().prctl(kernel.PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise SystemExit("trl-sandbox supervisor: prctl(PR_SET_DUMPABLE, 0) failed")
+    # As PID 1, signals without a handler are dropped: SIGINT must not keep Python's handler.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    request = protocol.read_request()
+    if not request or request[0] != OP_CONFIG:
+        raise SystemExit("trl-sandbox supervisor: expected a configuration message")
+    # How the end of a child is noticed: a pidfd (Python 3.9+, Linux 5.3+) in the poll set, or
+    # else SIGCHLD through a wake-up pipe (the only signal handler the supervisor installs).
+    S.USE_PIDFD = hasattr(os, "pidfd_open") and request[1].get("exit_watch", "auto") != "sigchld"
+    if S.USE_PIDFD:
+        try:
+            os.close(os.pidfd_open(os.getpid()))
+        except OSError:
+            S.USE_PIDFD = False
+    if not S.USE_PIDFD:
+        S.WAKE_R, S.WAKE_W = os.pipe()
+        os.set_blocking(S.WAKE_R, False)
+        os.set_blocking(S.WAKE_W, False)
+        signal.signal(signal.SIGCHLD, _noop)
+        signal.set_wakeup_fd(S.WAKE_W, warn_on_full_buffer=False)
+    configure(request[1])
+
+
+def configure(config):
+    S.WORK = config["work_dir"]
+    S.MEMORY_MODE = config.get("memory_mode", "deny")
+    if S.MEMORY_MODE not in ("deny", "cgroup"):
+        raise SystemExit("trl-sandbox supervisor: memory_mode must be 'deny' or 'cgroup'")
+    S.OUTPUT_CAP = int(config["output_bytes"])
+    S.CACHE_MAX_BYTES = int(config.get("cache_bytes", S.CACHE_MAX_BYTES))
+    S.CACHE_MAX_ENTRIES = int(config.get("cache_entries", S.CACHE_MAX_ENTRIES))
+    version = "{}.{}".format(*sys.version_info[:2])
+    names = {"python", "python3", "python" + version, sys.executable}
+    names.update(config.get("python_names", ()))
+    S.PY_NAMES = frozenset(n for n in names if n)
+    sys.path[:] = [p for p in sys.path if p != ENTRY_DIR and not p.startswith(ENTRY_DIR + "/")]
+    S.BASE_PATH = list(sys.path)
+    # The scratch places get tmpfs mounts of our own, replaced by every reset.
+    files.SCRATCH[:] = [(p, int(size), int(mode)) for p, size, mode in config.get("scratch", ())]
+    kernel.own_mount_namespace()
+    files.fresh_scratch()
+    kernel.prepare(S.MEMORY_MODE)
+    # A child's standard streams, made once here: its fds 0-2 have these numbers, and its copies
+    # of these objects start out empty. Encodings and error handlers are the ones this
+    # interpreter chose from the sandbox's environment, as a fresh interpreter would.
+    S.ORIGINAL_STDIO = (sys.stdin, sys.stdout, sys.stderr, sys.__stdin__, sys.__stdout__, sys.__stderr__)
+    stdio = [(f.encoding, f.errors) for f in S.ORIGINAL_STDIO[3:]]
+    # They are made while fds 1 and 2 are pipes, as in a child, so that what they find out about
+    # their descriptors once (seekable or not) is true there.
+    pipe_r, pipe_w = os.pipe()
+    saved_stderr = os.dup(2)
+    os.dup2(pipe_w, 1)
+    os.dup2(pipe_w, 2)
+    try:
+        S.STREAMS[False] = make_streams(stdio, False)
+        S.STREAMS[True] = make_streams(stdio, True)
+    finally:
+        os.dup2(S.DEVNULL, 1)
+        os.dup2(saved_stderr, 2)
+        for fd in (pipe_r, pipe_w, saved_stderr):
+            os.close(fd)
+    S.RLIMITS[:] = rlimits(config["limits"])
+    # A second reference to the compile cache that nothing in Python can reach (see child.run_child).
+    import ctypes
+
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(S.CACHE))
+    preload(config.get("preload", ()))
+    os.chdir(S.WORK)
+    gc.collect()
+    gc.disable()  # the supervisor makes few cycles; reset() collects them
+    gc.freeze()
+
+
+def preload(names):
+    """Import ``names``; a reseeding fork hook (``random``'s) is run before each fork instead."""
+    real = os.register_at_fork
+
+    def register(**hooks):
+        child = hooks.get("after_in_child")
+        owner = getattr(child, "__self__", None)
+        if child is not None and getattr(child, "__name__", "") == "seed" and type(owner).__module__ == "random":
+            S.PRE_FORK.append(child)
+            del hooks["after_in_child"]
+        if hooks:
+            real(**hooks)
+
+    os.register_at_fork = register
+    try:
+        for name in names:
+            try:
+                __import__(name)
+            except Exception:
+                pass
+    finally:
+        os.register_at_fork = real
+
+
+# POSIX message queues are charged to RLIMIT_MSGQUEUE (per user of the sandbox's namespace):
+# fixed here, so that the bound is known whatever the host's default.
+MSGQUEUE_BYTES = 819200
+
+
+def rlimits(lim):
+    """The (resource, soft, hard) triples a child sets on itself before running the program."""
+    out = []
+    cpu = lim.get("cpu_seconds")
+    if cpu:
+        soft = max(1, int(-(-float(cpu) // 1)))
+        out.append((resource.RLIMIT_CPU, soft, soft + 1))  # SIGXCPU at soft, SIGKILL one second later
+    for name, key, scale in (
+        (resource.RLIMIT_AS, "memory_mb", 1 << 20),
+        (resource.RLIMIT_NPROC, "max_processes", 1),
+        (resource.RLIMIT_FSIZE, "file_size_mb", 1 << 20),
+        (resource.RLIMIT_NOFILE, "open_files", 1),
+    ):
+        if lim.get(key):
+            value = int(lim[key]) * scale
+            out.append((name, value, value))
+    out.append((resource.RLIMIT_CORE, 0, 0))
+    out.append((resource.RLIMIT_MSGQUEUE, MSGQUEUE_BYTES, MSGQUEUE_BYTES))
+    return out
+
+
+def make_streams(stdio, unbuffered):
+    import io
+
+    streams = []  # the same classes and settings as the interpreter's own create_stdio()
+    for fd, (encoding, errors) in enumerate(stdio):
+        raw = io.FileIO(fd, "r" if fd == 0 else "w", closefd=False)
+        raw.name = ("<stdin>", "<stdout>", "<stderr>")[fd]
+        if fd == 0:
+            buf = io.BufferedReader(raw)
+        elif unbuffered:
+            buf = raw
+        else:
+            buf = io.BufferedWriter(raw)
+        streams.append(io.TextIOWrapper(buf, encoding=encoding, errors=errors,
+                                        line_buffering=(fd == 2 and not unbuffered), write_through=unbuffered))
+    return tuple(streams)
+
+
+def serve():
+    """Answer requests until the host goes away. Returns a job only in a forked child."""
+    handlers = {OP_WRITE: files.do_write, OP_READ: files.do_read, OP_RESET: files.do_reset}
+    reply(K_OK, part1="python {}.{}.{}".format(*sys.version_info[:3]).encode())
+    while True:
+        request = protocol.read_request()
+        if request is None:
+            return None
+        op = request[0]
+        if op == OP_EXEC:
+            try:
+                job = do_exec(request)
+            except Exception as exc:  # fork failed, or a bug: answer, and let the host retire us
+                if os.getpid() != 1:
+                    os._exit(EXIT_CANNOT_RUN)  # a child never answers the host
+                sweep()
+                reply(K_ERROR, part1=f"exec failed in the supervisor: {exc!r}".encode("utf-8", "replace"))
+                continue
+            if job is not None:
+                return job
+        elif op == OP_PING:
+            reply(K_OK)
+        else:
+            try:
+                handlers[op](request)
+            except Exception as exc:
+                code = exc.errno if isinstance(exc, OSError) and exc.errno else 0
+                reply(K_ERROR, code=code, part1=str(exc).encode("utf-8", "replace"))
+
+
+def probe():
+    """What the host runs once at construction: every kernel feature a sandbox needs, tried for
+    real. Prints the interpreter version, or the failure (and exits 1)."""
+    try:
+        kernel.own_mount_namespace()
+        kernel.fresh_tmpfs("/tmp", 1, 0o1777)
+        kernel.fresh_tmpfs("/tmp", 1, 0o1777)
+        kernel.prepare("deny")
+        pid = os.fork()
+        if pid == 0:
+            try:
+                kernel.enter_program()
+                column = kernel.ARCHES[os.uname().machine][0]
+                keyctl = kernel.DENIED["keyctl"][column]
+                denied = kernel.libc().syscall(keyctl, 0, -1, 0, 0, 0) != 0  # KEYCTL_GET_KEYRING_ID
+                os._exit(0 if denied else 3)
+            except BaseException as exc:
+                os.write(2, f"{exc}\n".encode())
+                os._exit(2)
+        status = os.waitpid(pid, 0)[1]
+        if status != 0:
+            raise OSError(f"a program could not be given a clean kernel (status {status})")
+    except OSError as exc:
+        sys.stderr.write(f"trl-sandbox kernel check failed: {exc}\n")
+        sys.exit(1)
+    print("{}.{}.{}".format(*sys.version_info[:3]))
+
+
+def main():
+    if sys.argv[1:] == ["--probe"]:
+        probe()
+        return
+    startup()
+    job = serve()
+    if job is None:
+        sys.exit(0)
+    # Only a forked child gets here: the frames that handled earlier requests are gone.
+    run_child(job)

@@ -1,0 +1,29 @@
+"""Configuration and shared state of the supervisor, set by ``main.startup()``/``configure()``.
+
+One module holds them so that the others read one place (``state.WORK``) instead of passing a
+context through every call of the exec path.
+"""
+
+DEVNULL = -1
+USE_PIDFD = True
+WAKE_R = WAKE_W = -1  # SIGCHLD wake-up pipe, only where pidfds are missing (Python 3.8)
+FD_LIMIT = 1024
+WORK = "/work"
+OUTPUT_CAP = 1 << 24
+PY_NAMES = frozenset()
+BASE_PATH = []
+STREAMS = {}
+ORIGINAL_STDIO = ()  # kept alive so that replacing them in a child frees nothing
+RLIMITS = []
+PRE_FORK = []  # fork hooks that must give each child fresh state, run in the supervisor instead
+CACHE = {}
+SEEN = set()  # hashes of sources compiled once and not kept
+CACHE_BYTES = [0]
+CACHE_MAX_BYTES = 1 << 20
+CACHE_MAX_ENTRIES = 512
+# "deny": the seccomp filter refuses the calls that pin memory outside a process's address space
+# (SysV shm/msg/sem, memfd); "cgroup": allowed, because a memory cgroup charges them.
+MEMORY_MODE = "deny"
+# A fresh one-byte shared page per exec (see forkserver.do_exec): 1 when a forked Python child
+# died of an uncaught MemoryError.
+STATUS = None
