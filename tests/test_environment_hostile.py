@@ -40,6 +40,9 @@ LEFTOVERS = [
     "head -c 10000000 /dev/zero > big.bin; seq 1 100000 > /tmp/lines",
     "(sleep 100 &) ; setsid sleep 100 & true",
     "python3 -c \"import os; os.makedirs('/'.join(['q'] * 300))\"",
+    # a default ACL of mode 000 on every writable place: new files there would be unusable
+    "python3 -c \"import os, struct; acl = struct.pack('<I', 2) + b''.join(struct.pack('<HHI', t, 0, 0xFFFFFFFF) "
+    "for t in (1, 4, 32)); [os.setxattr(d, 'system.posix_acl_default', acl) for d in ('.', '/tmp', '/dev/shm')]\"",
 ]
 
 
@@ -119,3 +122,18 @@ def test_reset_names_the_row_when_the_row_itself_is_unusable(pool):
     assert env.reset(**ROW, files={"ok.txt": "x"}) is None
     assert env.read_file("ok.txt") == "x"
     env.get_reward()
+
+
+def test_metadata_an_episode_leaves_is_gone_after_reset(pool):
+    """Default ACLs, modes and xattrs set by one episode do not reach the next lease of its sandbox."""
+    env = SandboxEnvironment(pool=pool, scorer=Scorer(pool, cache_size=0), tool_timeout=10)
+    env.reset(**ROW)
+    sandbox = env._sandbox
+    env.bash(LEFTOVERS[-1])
+    poisoned = env.bash("touch /tmp/p && stat -c %a /tmp/p")
+    assert poisoned.strip().splitlines()[-1] == "0", poisoned  # the poison works while the lease lasts
+    env.get_reward()
+    pool.loop.run(sandbox.reset())  # what the pool does before the next lease
+    for place in ("/work", "/tmp", "/dev/shm"):
+        result = pool.loop.run(sandbox.exec(["sh", "-c", f"touch {place}/n && stat -c %a {place}/n"], timeout=10))
+        assert result.stdout.strip() == "644", (place, result)
