@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -92,13 +93,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The command line: a user's mistake is one line on stderr (status 2), Ctrl-C one line (130),
+    """The command line: a user's mistake is one line on stderr (status 2), Ctrl-C one line (then the
+    process ends by SIGINT, status 130 in a shell),
     a closed pipe on stdout (``trl-sandbox exec ... | head``) a quiet end."""
     try:
         return _main(argv)
     except KeyboardInterrupt:
         print("trl-sandbox: interrupted; every sandbox of this run was closed", file=sys.stderr)
-        return 130
+        # End by SIGINT, as Python's own default does, so that shells and launchers see an interrupt.
+        sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        return 130  # not reached where SIGINT's default action applies
     except BrokenPipeError:
         # The reader went away: stop writing, and keep Python from complaining at exit.
         devnull = os.open(os.devnull, os.O_WRONLY)
