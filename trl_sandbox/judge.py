@@ -7,8 +7,8 @@ length-prefixed pickles (the host -> judge direction is trusted):
 
 * the candidate part, visible to the candidate process: ``source``, ``filename``, ``limit`` (the
   time budget in seconds for loading the candidate and running every test), ``max_bytes`` (largest
-  reply accepted), ``remove_builtins``, ``delete_builtins`` and ``allowed_imports`` (the run-time
-  ban layer);
+  reply accepted), ``remove_builtins``, ``delete_builtins``, ``remove_methods`` and
+  ``allowed_imports`` (the run-time ban layer, ``trl_sandbox.bans.runtime``);
 * the judge part, read by the judge only after the candidate process is forked: the tests
   (``call_spec`` or ``check_spec``).
 
@@ -138,6 +138,7 @@ def build_program(
         "max_bytes": int(max_reply_bytes),
         "remove_builtins": policy.runtime_removals(),
         "delete_builtins": policy.runtime_deletions(),
+        "remove_methods": policy.runtime_method_removals(),
         "allowed_imports": policy.runtime_allowed_imports(),
     }
     judge_bytes = judge_part if isinstance(judge_part, bytes) else encode_judge_part(judge_part)

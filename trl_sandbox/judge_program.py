@@ -34,6 +34,7 @@ Modes (from the judge part):
 import _json
 import _pickle
 import binascii
+import gc
 import io
 import os
 import select
@@ -44,6 +45,17 @@ MARKER = b"@@trl-sandbox-verdict@@"
 VERSION = 1
 NONCE_BYTES = 16
 _MAX_TEXT = 2000
+
+# The methods the candidate process's own machinery (reading requests, turning results into plain
+# data, writing replies, importing) calls, captured before a ban deletes any of them from its class:
+# a task that bans ``.append(`` must not break the judge's reply path.
+_list_append = list.append
+_dict_items = dict.items
+_dict_get = dict.get
+_bytes_join = bytes.join
+_int_from_bytes = int.from_bytes
+_int_to_bytes = int.to_bytes
+_str_partition = str.partition
 
 
 class _Timeout(BaseException):
@@ -97,9 +109,9 @@ def _read_exact(fd, n):
         chunk = os.read(fd, min(n, 1 << 20))
         if not chunk:
             raise EOFError("stdin ended early")
-        chunks.append(chunk)
+        _list_append(chunks, chunk)
         n -= len(chunk)
-    return b"".join(chunks)
+    return _bytes_join(b"", chunks)
 
 
 def _read_message(fd):
@@ -160,7 +172,7 @@ def _plain(value, memo, depth=0):
         out = []
         memo[key] = out
         for item in value:
-            out.append(_plain(item, memo, depth + 1))
+            _list_append(out, _plain(item, memo, depth + 1))
         return out
     if isinstance(value, tuple):
         out = tuple(_plain(item, memo, depth + 1) for item in value)
@@ -169,7 +181,7 @@ def _plain(value, memo, depth=0):
     if isinstance(value, dict):
         out = {}
         memo[key] = out
-        for k, v in list(value.items()):
+        for k, v in list(_dict_items(value)):
             out[_plain(k, memo, depth + 1)] = _plain(v, memo, depth + 1)
         return out
     if isinstance(value, frozenset):
@@ -179,10 +191,10 @@ def _plain(value, memo, depth=0):
     if isinstance(value, complex):
         return complex(float(value.real), float(value.imag))
     # A Fraction or Decimal result means its module is loaded; nothing is imported for other results.
-    fractions = sys.modules.get("fractions")
+    fractions = _dict_get(sys.modules, "fractions")
     if fractions is not None and isinstance(value, fractions.Fraction):
         return fractions.Fraction(int(value.numerator), int(value.denominator))
-    decimal = sys.modules.get("decimal")
+    decimal = _dict_get(sys.modules, "decimal")
     if decimal is not None and isinstance(value, decimal.Decimal):
         return decimal.Decimal(decimal.Decimal.__str__(value))
     raise TypeError("result of type %s is not plain data" % t.__name__)
@@ -192,34 +204,85 @@ def _restricted_importer(real_import, allowed):
     allowed = frozenset(allowed)
 
     def __import__(name, globals=None, locals=None, fromlist=(), level=0):
-        if level or name.partition(".")[0] not in allowed:
+        if level or _str_partition(name, ".")[0] not in allowed:
             raise ImportError("import of %r is not allowed in this task" % name)
         return real_import(name, globals, locals, fromlist, level)
 
     return __import__
 
 
-def _candidate(spec, rfd, wfd):
+def _remove_methods(builtins, names, allowed_imports, type_modified):
+    """Delete each attribute in ``names`` from every class in ``builtins`` that defines it
+    (``list.sort`` for a ``.sort(`` ban), in this (the candidate's) process only.
+
+    A builtin class's dict refuses ``setattr``; its real dict is reached through the read-only proxy
+    (``gc.get_referents``), and ``type_modified`` (``PyType_Modified``, through ctypes) then bumps
+    the class's version tag so that no method cache or specialised instruction still finds the
+    entry. Modules the candidate may import are imported first: the import system's own Python code
+    calls str and list methods that a ban may delete. Returns the ``Class.name`` entries removed."""
+    if not names:
+        return []
+    for module in allowed_imports or ():
+        try:
+            __import__(module)
+        except BaseException:
+            pass
+    removed = []
+    classes = [v for v in list(builtins.__dict__.values()) if isinstance(v, type)]
+    for cls in classes:
+        real = gc.get_referents(cls.__dict__)[0]
+        hit = [name for name in names if name in real]
+        for name in hit:
+            del real[name]
+            _list_append(removed, "%s.%s" % (cls.__name__, name))
+        if hit and type_modified is not None:
+            type_modified(cls)
+    if removed:
+        sys._clear_type_cache()
+    return removed
+
+
+def _type_modified():
+    """``PyType_Modified`` as a callable taking a class, or ``None`` where ctypes is missing (then only
+    the global method cache is cleared; the candidate's own code is compiled after the removal)."""
+    try:
+        import ctypes
+
+        func = ctypes.pythonapi.PyType_Modified
+        func.argtypes = [ctypes.py_object]
+        func.restype = None
+        return func
+    except Exception:
+        return None
+
+
+def _candidate(spec, rfd, wfd, type_modified=None):
     """Runs in the forked candidate process; never returns."""
     import builtins
 
     def send(message):
         data = _pickle.dumps(message, protocol=5)
-        _write_all(wfd, len(data).to_bytes(4, "big") + data)
+        _write_all(wfd, _int_to_bytes(len(data), 4, "big") + data)
 
-    for name in spec.get("delete_builtins") or ():
-        builtins.__dict__.pop(name, None)
-    table = dict(builtins.__dict__)
-    for name in spec.get("remove_builtins") or ():
-        table.pop(name, None)
+    # Everything is read from the spec first: the removal may take dict.get or dict.pop away.
+    source, filename = spec["source"], spec.get("filename") or "<string>"
     allowed = spec.get("allowed_imports")
+    deletions, removals = spec.get("delete_builtins") or (), spec.get("remove_builtins") or ()
+    _remove_methods(builtins, spec.get("remove_methods") or (), allowed, type_modified)
+    for name in deletions:  # after the imports above: it may delete __import__
+        if name in builtins.__dict__:
+            del builtins.__dict__[name]
+    table = dict(builtins.__dict__)
+    for name in removals:
+        if name in table:
+            del table[name]
     if allowed is not None and "__import__" in table:
         table["__import__"] = _restricted_importer(builtins.__import__, allowed)
     namespace = {"__name__": "__candidate__", "__builtins__": table}
     try:
-        code = compile(spec["source"], spec.get("filename") or "<string>", "exec")
+        code = compile(source, filename, "exec")
         exec(code, namespace)
-        defined = [k for k, v in list(namespace.items()) if isinstance(k, str) and callable(v)]
+        defined = [k for k, v in list(_dict_items(namespace)) if isinstance(k, str) and callable(v)]
         message = ("loaded", defined)
     except BaseException as exc:
         message = ("load_error", type(exc).__name__, _exc_text(exc))
@@ -227,7 +290,7 @@ def _candidate(spec, rfd, wfd):
     while True:
         try:
             header = _read_exact(rfd, 4)
-            request = _pickle.loads(_read_exact(rfd, int.from_bytes(header, "big")))
+            request = _pickle.loads(_read_exact(rfd, _int_from_bytes(header, "big")))
         except BaseException:
             os._exit(0)
         seq, name, args, kwargs = request
@@ -262,6 +325,7 @@ def _close_fds_except(keep):
 
 
 def _start_candidate(spec, nonce):
+    type_modified = _type_modified() if spec.get("remove_methods") else None
     req_r, req_w = os.pipe()
     resp_r, resp_w = os.pipe()
     pid = os.fork()
@@ -275,7 +339,7 @@ def _start_candidate(spec, nonce):
             except OSError:
                 os.dup2(devnull, 1)
             _close_fds_except({0, 1, 2, req_r, resp_w})
-            _candidate(spec, req_r, resp_w)
+            _candidate(spec, req_r, resp_w, type_modified)
         except BaseException:
             pass
         os._exit(0)

@@ -1,0 +1,66 @@
+"""Spellings that reach a banned sort. Each is a real trick: run without any ban, it sorts.
+
+``SORTING_BODIES`` continue the sorting task's prompt (``def sort_numbers(xs)``; no imports, as the
+task allows none). ``IMPORTING_PROGRAMS`` are whole programs for a task that bans ``sorted(``,
+``.sort(`` and ``heapq`` but allows the default modules (``IMPORTING_POLICY``): they reach the sort
+through those modules' insides.
+"""
+
+from __future__ import annotations
+
+from trl_sandbox.bans import DEFAULT_ALLOWED_IMPORTS, BanPolicy
+
+# The dodge an adversarial review found: a positional class pattern reads ``C.__match_args__``,
+# built here from a string, so ``s`` is bound to ``list.sort`` of the subject.
+REVIEW_DODGE = (
+    "    C = type('C', (list,), {'__match' + '_args__': ('so'+'rt',)})\n"
+    "    match C(xs):\n        case C(s):\n            s()\n    return xs\n"
+)
+
+SORTING_BODIES = {
+    "match_args_from_concatenation": "    C = type('C', (list,), {'__match' + '_args__': ('so' + 'rt',)})\n"
+                                     "    c = C(xs)\n    match c:\n        case C(s):\n            s()\n"
+                                     "    return list(c)\n",
+    "match_args_from_chr_and_bytes": "    k = chr(95) * 2 + 'match_args' + chr(95) * 2\n"
+                                     "    C = type('C', (list,), {k: ((b'so' + b'rt').decode(),)})\n"
+                                     "    c = C(xs)\n    match c:\n        case C(s):\n            s()\n"
+                                     "    return list(c)\n",
+    "match_args_from_join_and_fstring": "    u = '_' * 2\n    k = f'{u}match{chr(95)}args{u}'\n"
+                                        "    C = type('C', (list,), dict([(k, (''.join(['s', 'o', 'r', 't']),))]))\n"
+                                        "    c = C(xs)\n    match c:\n        case C(s):\n            s()\n"
+                                        "    return list(c)\n",
+    "match_args_through_a_metaclass_alias": "    T = type(type(xs))\n    k = '__match' + '_args__'\n"
+                                            "    C = T('C', (list,), {k: ('so' + 'rt',)})\n"
+                                            "    c = C(xs)\n    match c:\n        case C(s):\n            s()\n"
+                                            "    return list(c)\n",
+    "code_object_co_names": "    xs = list(xs)\n    async def h(a):\n        a.foo()\n    c = h(xs)\n    code = c.cr_code\n"
+                             "    c.close()\n"
+                             "    code = code.replace(co_names=tuple('so' + 'rt' if n == 'foo' else n for n in code.co_names))\n"
+                             "    g = type(lambda: 0)(code, {})\n    try:\n        g(xs).send(None)\n"
+                             "    except StopIteration:\n        pass\n    return xs\n",
+    "async_generator_code": "    xs = list(xs)\n    async def h(a):\n        a.foo()\n        yield 1\n    code = h(xs).ag_code\n"
+                            "    code = code.replace(co_names=('so' + 'rt',))\n"
+                            "    try:\n        type(lambda: 0)(code, {})(xs).asend(None).send(None)\n"
+                            "    except StopIteration:\n        pass\n    return xs\n",
+}
+
+IMPORTING_POLICY = BanPolicy.from_patterns(["sorted(", ".sort(", "heapq"],
+                                           allowed_imports=DEFAULT_ALLOWED_IMPORTS | {"string"})
+
+IMPORTING_PROGRAMS = {
+    "typing_eval_type": "import typing\ndef sort_numbers(xs):\n    xs = list(xs)\n"
+                        "    typing._eval_type(typing.List['xs.so' + 'rt()'], {'xs': xs}, None)\n    return xs\n",
+    "singledispatch_evaluates_annotation": "import functools\nbox = []\n@functools.singledispatch\ndef f(a):\n    pass\n"
+                                           "def g(a: 'box[0].so' + 'rt()'):\n    pass\n"
+                                           "def sort_numbers(xs):\n    box[:] = [list(xs)]\n    f.register(g)\n"
+                                           "    return box[0]\n",
+    "enum_module_holds_builtins": "import enum\ndef sort_numbers(xs):\n    xs = list(xs)\n"
+                                  "    enum.bltns.getattr(xs, 'so' + 'rt')()\n    return xs\n",
+    "collections_private_sys": "import collections\ndef sort_numbers(xs):\n    xs = list(xs)\n"
+                               "    b = collections._sys.modules['buil' + 'tins']\n    b.getattr(xs, 'so' + 'rt')()\n"
+                               "    return xs\n",
+    "private_name_import": "from random import _os\ndef sort_numbers(xs):\n"
+                           "    return _os.sys.modules['buil' + 'tins'].getattr(xs, 'so' + 'rt')() or xs\n",
+    "formatter_get_field": "import string\ndef sort_numbers(xs):\n    xs = list(xs)\n"
+                           "    string.Formatter().get_field('0.so' + 'rt', (xs,), {})[0]()\n    return xs\n",
+}
