@@ -198,6 +198,8 @@ def test_private_attributes_only_where_the_code_defines_them():
     assert policy.check("import typing\nf = typing._eval_type\n").rule == "private attribute"
     assert policy.check("import random\nf = random._inst\n").rule == "private attribute"
     assert policy.check("import random\nf = random._os\n").rule == "dynamic access"  # a module it imported
+    # defining the name somewhere does not make a module's private attribute the code's own
+    assert policy.check("class K:\n    _eval_type = 0\nimport typing\nf = typing._eval_type\n").rule == "private attribute"
 
 
 def test_annotations_must_name_types():

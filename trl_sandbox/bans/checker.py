@@ -100,6 +100,16 @@ def _bound_names(tree: ast.AST) -> set[str]:
     return names
 
 
+def _imported_names(tree: ast.AST) -> set[str]:
+    """Names bound by ``import`` statements: modules, whose private attributes are never the code's own."""
+    return {
+        (alias.asname or alias.name).split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    }
+
+
 def _defined_attributes(tree: ast.AST) -> set[str]:
     """Attribute names the code defines itself: assigned (``self._x = ...``) or defined in a class body."""
     names: set[str] = set()
@@ -171,6 +181,7 @@ class AstChecker(ast.NodeVisitor):
         whole = self.context or tree
         self.bound = _bound_names(whole)
         self.defined = _defined_attributes(whole)
+        self.imported = _imported_names(whole)
         self.visit(tree)
         return self.found
 
@@ -199,7 +210,8 @@ class AstChecker(ast.NodeVisitor):
         elif as_name and is_dunder(ident) and ident not in SAFE_DUNDER_NAMES:
             self._add(node, "dunder name", f"`{ident}`")
 
-    def _attribute(self, node: ast.AST, attr: str, *, read: bool = True) -> None:
+    def _attribute(self, node: ast.AST, attr: str, *, read: bool = True, module: bool = False) -> None:
+        """``module``: the attribute is read from a name bound by ``import``."""
         if attr in self.p.attributes:
             self._add(node, "attribute", f"`.{attr}`")
         elif is_dunder(attr) and attr not in SAFE_DUNDER_ATTRIBUTES:
@@ -208,7 +220,7 @@ class AstChecker(ast.NodeVisitor):
             self._add(node, "dynamic access", f"`.{attr}` (code, frame and generator internals)")
         elif attr in _ESCAPE_ATTRIBUTES or attr in _ESCAPE_ATTRIBUTES_EXTRA or attr in self.aliases:
             self._add(node, "dynamic access", f"`.{attr}`")
-        elif read and is_private(attr) and attr not in self.defined:
+        elif read and is_private(attr) and (module or attr not in self.defined):
             self._add(node, "private attribute", f"`.{attr}` (only private attributes the code defines may be read)")
         else:
             self._identifier(node, attr, as_name=False)
@@ -218,7 +230,8 @@ class AstChecker(ast.NodeVisitor):
         self._identifier(node, node.id, as_name=True)
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
-        self._attribute(node, node.attr, read=isinstance(node.ctx, ast.Load))
+        module = isinstance(node.value, ast.Name) and node.value.id in self.imported
+        self._attribute(node, node.attr, read=isinstance(node.ctx, ast.Load), module=module)
         self.generic_visit(node)
 
     def visit_keyword(self, node: ast.keyword) -> None:
@@ -346,7 +359,7 @@ class AstChecker(ast.NodeVisitor):
         except (SyntaxError, ValueError):
             return
         inner = AstChecker(self.p, 0, 0, context=self.context or sub)
-        inner.bound, inner.defined = self.bound, self.defined
+        inner.bound, inner.defined, inner.imported = self.bound, self.defined, self.imported
         inner.visit(sub)
         for violation in inner.found:
             self._add(node, f"{violation.rule} in a string", violation.what)
