@@ -64,3 +64,13 @@ IMPORTING_PROGRAMS = {
     "formatter_get_field": "import string\ndef sort_numbers(xs):\n    xs = list(xs)\n"
                            "    string.Formatter().get_field('0.so' + 'rt', (xs,), {})[0]()\n    return xs\n",
 }
+
+# Passes the AST rules (the code defines ``_evaluate`` itself, so reading it is allowed): a ForwardRef
+# evaluated by typing runs with typing's builtins and the real ``__import__``. Only the run-time layer
+# (banned modules unloaded and blocked for every importer) stops it.
+FORWARD_REF_IMPORTS_HEAPQ = (
+    "import typing\nclass K:\n    def _evaluate(self):\n        pass\n"
+    "def sort_numbers(xs):\n    box = []\n"
+    "    fr = typing.get_args(typing.List[\"box.append(__imp\" + \"ort__('heap' + 'q').nsmallest(len(xs), xs))\"])[0]\n"
+    "    fr._evaluate({'xs': xs, 'box': box}, None, frozenset())\n    return box[0]\n"
+)

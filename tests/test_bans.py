@@ -221,7 +221,9 @@ def test_code_frame_and_generator_internals_and_class_building():
     assert body_violation("    f_x = xs\n    return f_x\n") is None
 
 
-def test_runtime_method_removals():
+def test_runtime_method_removals_and_module_blocks():
+    assert SORTING.runtime_module_blocks() == ["heapq"]
+    assert BanPolicy().runtime_module_blocks() == []
     assert SORTING.runtime_method_removals() == ["sort"]
     assert BanPolicy().runtime_method_removals() == []
     assert BanPolicy.from_patterns([".__len__(", ".count("]).runtime_method_removals() == ["count"]  # no dunders

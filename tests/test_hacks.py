@@ -22,7 +22,13 @@ from trl_sandbox.judge import build_program, call_outcome
 from trl_sandbox.pool import SandboxPool
 from trl_sandbox.scoring import Scorer
 
-from .ban_dodges import IMPORTING_POLICY, IMPORTING_PROGRAMS, REVIEW_DODGE, SORTING_BODIES
+from .ban_dodges import (
+    FORWARD_REF_IMPORTS_HEAPQ,
+    IMPORTING_POLICY,
+    IMPORTING_PROGRAMS,
+    REVIEW_DODGE,
+    SORTING_BODIES,
+)
 from .task_helpers import run_judged
 
 KADANE = (
@@ -326,6 +332,10 @@ def test_runtime_layer_holds_inside_library_code(pool):
         "import typing\ndef sort_numbers(xs):\n    box = []\n"
         "    typing._eval_type(typing.List['box.append(sor' + 'ted(xs))'], {'xs': xs, 'box': box}, None)\n"
         "    return box[0]\n",
+        FORWARD_REF_IMPORTS_HEAPQ,  # heapq through the real __import__: the module is blocked for every importer
+        "import collections\ndef sort_numbers(xs):\n"  # heapq imported inside the library
+        "    c = collections.Counter({i: -x for i, x in enumerate(xs)})\n"
+        "    return [xs[i] for i, _ in c.most_common(len(xs))]\n",
     ]
     from trl_sandbox.bans import DEFAULT_ALLOWED_IMPORTS
 
@@ -335,6 +345,7 @@ def test_runtime_layer_holds_inside_library_code(pool):
     banned = _run_without_the_ast_check(pool, sources, IMPORTING_POLICY)
     for source, outcome in zip(sources, banned):
         assert outcome.status in ("error", "failed") and outcome.passed <= 1, (source, outcome)
+    assert "banned in this task" in banned[-2].detail, banned[-2]
 
 
 def test_judge_machinery_survives_deleted_methods(pool):

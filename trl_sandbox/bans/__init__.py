@@ -172,6 +172,10 @@ class BanPolicy:
         """Attributes the judge deletes from every builtin class that defines them (``.sort(`` -> ``list.sort``)."""
         return runtime.method_removals(self)
 
+    def runtime_module_blocks(self) -> list[str]:
+        """Banned modules the judge unloads and blocks for every importer in the candidate's process."""
+        return runtime.module_blocks(self)
+
     def runtime_allowed_imports(self) -> list[str] | None:
         """Top-level modules the candidate may import at run time; ``None`` = no restriction."""
         return runtime.allowed_imports(self)

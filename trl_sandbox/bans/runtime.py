@@ -2,7 +2,7 @@
 
 The AST rules stop every spelling we know of; this layer makes the banned thing *absent* in the
 candidate's process, so a spelling nobody thought of finds nothing to call. The judge
-(``trl_sandbox/judge_program.py``, ``_candidate``) applies it in the forked candidate process only,
+(``trl_sandbox/judge_candidate.py``, ``_candidate``) applies it in the forked candidate process only,
 before the candidate's code is compiled; the judge's own process and every other program keep the
 interpreter untouched.
 
@@ -16,6 +16,9 @@ interpreter untouched.
   invalidates the interpreter's method caches (``PyType_Modified``), after capturing the few methods
   its own reply path uses. Dunder names are never removed (the interpreter's slots stand behind
   them, and the AST rules ban them anyway).
+* ``module_blocks``: banned modules (``heapq``) leave ``sys.modules``, and a finder placed first on
+  ``sys.meta_path`` refuses them (and their accelerators, ``_heapq``) to any importer, library code
+  evaluating a string with the real ``__import__`` included.
 * ``allowed_imports``: the candidate's ``__import__`` refuses every other top-level module.
 """
 
@@ -52,6 +55,11 @@ def deletions(policy: BanPolicy) -> list[str]:
 def method_removals(policy: BanPolicy) -> list[str]:
     """Attribute names the judge deletes from the builtin classes that define them (not dunders)."""
     return sorted(n for n in policy.attributes if not is_dunder(n))
+
+
+def module_blocks(policy: BanPolicy) -> list[str]:
+    """Banned module names (identifiers written without a call, ``heapq``) blocked in the candidate's process."""
+    return sorted(m for m in policy.modules if m.isidentifier() and not is_dunder(m))
 
 
 def allowed_imports(policy: BanPolicy) -> list[str] | None:
