@@ -33,6 +33,11 @@ SORTING_BODIES = {
                                             "    C = T('C', (list,), {k: ('so' + 'rt',)})\n"
                                             "    c = C(xs)\n    match c:\n        case C(s):\n            s()\n"
                                             "    return list(c)\n",
+    "class_dict_lookup": "    xs = list(xs)\n    list.__dict__['so' + 'rt'](xs)\n    return xs\n",
+    "object_getattribute": "    xs = list(xs)\n    object.__getattribute__(xs, 'so' + 'rt')()\n    return xs\n",
+    "super_getattribute": "    class L(list):\n        def go(self):\n"
+                          "            super(L, self).__getattribute__('so' + 'rt')()\n            return list(self)\n"
+                          "    return L(xs).go()\n",
     "code_object_co_names": "    xs = list(xs)\n    async def h(a):\n        a.foo()\n    c = h(xs)\n    code = c.cr_code\n"
                              "    c.close()\n"
                              "    code = code.replace(co_names=tuple('so' + 'rt' if n == 'foo' else n for n in code.co_names))\n"
@@ -61,13 +66,19 @@ IMPORTING_PROGRAMS = {
                                "    return xs\n",
     "private_name_import": "from random import _os\ndef sort_numbers(xs):\n"
                            "    return _os.sys.modules['buil' + 'tins'].getattr(xs, 'so' + 'rt')() or xs\n",
+    "operator_held_by_fractions": "import fractions\ndef sort_numbers(xs):\n    xs = list(xs)\n"
+                                  "    op = fractions.operator\n    op.methodcaller('so' + 'rt')(xs)\n    return xs\n",
+    # a fresh import of builtins is built from the interpreter's saved copy: deleted builtins come back
+    "fresh_copy_of_builtins": "import typing\ndef sort_numbers(xs):\n    m = typing.sys.modules\n    m.pop('builtins')\n"
+                              "    return m['_frozen_importlib']._gcd_import('builtins').sorted(xs)\n",
     "formatter_get_field": "import string\ndef sort_numbers(xs):\n    xs = list(xs)\n"
                            "    string.Formatter().get_field('0.so' + 'rt', (xs,), {})[0]()\n    return xs\n",
 }
 
-# Passes the AST rules (the code defines ``_evaluate`` itself, so reading it is allowed): a ForwardRef
-# evaluated by typing runs with typing's builtins and the real ``__import__``. Only the run-time layer
-# (banned modules unloaded and blocked for every importer) stops it.
+# A ForwardRef evaluated by typing runs with typing's builtins and the real ``__import__``. The code
+# defines ``_evaluate`` itself so that reading it looks like reading its own private state; the AST
+# rules know typing's private names, and the run-time layer (banned modules unloaded and blocked for
+# every importer) stops it as well.
 FORWARD_REF_IMPORTS_HEAPQ = (
     "import typing\nclass K:\n    def _evaluate(self):\n        pass\n"
     "def sort_numbers(xs):\n    box = []\n"

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import ast
+import subprocess
+import sys
+
 import pytest
 
 from trl_sandbox.bans import BanPolicy, strip_comments
 from trl_sandbox.builtin_tasks import TASKS
 
-from .ban_dodges import IMPORTING_POLICY, IMPORTING_PROGRAMS, REVIEW_DODGE, SORTING_BODIES
+from .ban_dodges import (
+    FORWARD_REF_IMPORTS_HEAPQ,
+    IMPORTING_POLICY,
+    IMPORTING_PROGRAMS,
+    REVIEW_DODGE,
+    SORTING_BODIES,
+)
 
 SORTING = BanPolicy.from_patterns(TASKS["sorting"]["banned_patterns"])
 PROMPT = TASKS["sorting"]["prompt"]
@@ -134,10 +144,12 @@ def test_runtime_layer_removes_banned_builtins_and_escape_hatches():
 
 
 def _run_plain(program: str, xs):
-    """Run ``sort_numbers`` in this (unbanned) process: the positive control that a dodge is real."""
-    namespace: dict = {}
-    exec(compile(program, "<dodge>", "exec"), namespace)
-    return namespace["sort_numbers"](list(xs))
+    """Run ``sort_numbers`` in a plain interpreter with no ban: the positive control that a dodge is
+    real. A fresh process each time: some dodges rearrange ``sys.modules``."""
+    code = program + f"\nprint(repr(sort_numbers({list(xs)!r})))\n"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return ast.literal_eval(done.stdout.strip().splitlines()[-1])
 
 
 def test_the_reviewed_match_args_dodge_is_banned():
@@ -199,6 +211,7 @@ def test_private_attributes_only_where_the_code_defines_them():
     assert policy.check("import random\nf = random._inst\n").rule == "private attribute"
     assert policy.check("import random\nf = random._os\n").rule == "dynamic access"  # a module it imported
     # defining the name somewhere does not make a module's private attribute the code's own
+    assert IMPORTING_POLICY.check(FORWARD_REF_IMPORTS_HEAPQ).rule == "private attribute"
     assert policy.check("class K:\n    _eval_type = 0\nimport typing\nf = typing._eval_type\n").rule == "private attribute"
 
 

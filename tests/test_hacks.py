@@ -348,6 +348,20 @@ def test_runtime_layer_holds_inside_library_code(pool):
     assert "banned in this task" in banned[-2].detail, banned[-2]
 
 
+def test_a_fresh_copy_of_builtins_brings_deleted_builtins_back_only_without_the_layer(pool):
+    """Positive control in a plain process: delete ``sorted``, drop ``builtins`` from ``sys.modules``,
+    import it again: the new copy has ``sorted``. In the candidate's process the re-import is refused."""
+    import subprocess
+    import sys
+
+    program = IMPORTING_PROGRAMS["fresh_copy_of_builtins"]
+    control = subprocess.run([sys.executable, "-c", "import builtins, typing\ndel builtins.sorted\n" + program
+                              + "print(sort_numbers([3, 1, 2]))\n"], capture_output=True, text=True, timeout=60)
+    assert control.stdout.strip() == "[1, 2, 3]", control.stderr
+    outcome, = _run_without_the_ast_check(pool, [program], IMPORTING_POLICY)
+    assert outcome.status == "error" and "banned in this task" in outcome.detail, outcome
+
+
 def test_judge_machinery_survives_deleted_methods(pool):
     """A task may ban the very methods the judge's reply path would call (``append``, ``join``,
     ``items``, ``to_bytes``...): honest code still passes, and a list result still travels back."""

@@ -158,16 +158,18 @@ class _ModuleBlocker:
         return None
 
 
-def _block_modules(names):
+def _block_modules(names, refuse_reimport=()):
     """Drop the banned modules from ``sys.modules`` (loaded ones would be handed out without asking
-    any finder) and put a ``_ModuleBlocker`` in front of the import system."""
-    if not names:
+    any finder) and put a ``_ModuleBlocker`` in front of the import system. ``refuse_reimport``:
+    modules that stay loaded but may not be imported afresh (``builtins``: a new copy of it comes
+    from the interpreter's saved copy of its dict, with the banned builtins back in it)."""
+    if not names and not refuse_reimport:
         return
-    blocker = _ModuleBlocker(names)
+    unload = _ModuleBlocker(names)
     for key in list(sys.modules):
-        if blocker.banned(key):
+        if unload.banned(key):
             del sys.modules[key]
-    sys.meta_path[0:0] = [blocker]
+    sys.meta_path[0:0] = [_ModuleBlocker(list(names) + list(refuse_reimport))]
 
 
 def _remove_methods(builtins, names, allowed_imports, type_modified):
@@ -227,7 +229,7 @@ def _candidate(spec, rfd, wfd, type_modified=None):
     source, filename = spec["source"], spec.get("filename") or "<string>"
     allowed = spec.get("allowed_imports")
     deletions, removals = spec.get("delete_builtins") or (), spec.get("remove_builtins") or ()
-    _block_modules(spec.get("block_modules") or ())
+    _block_modules(spec.get("block_modules") or (), ["builtins"] if deletions else ())
     _remove_methods(builtins, spec.get("remove_methods") or (), allowed, type_modified)
     for name in deletions:  # after the imports above: it may delete __import__
         if name in builtins.__dict__:

@@ -15,7 +15,9 @@ time, because a banned call reached through one of them never spells its name:
   enum, a dataclass field...) builds from strings. Keyword patterns spell their attributes and stay;
   so does ``case list(x)`` on the builtin classes that match the subject itself;
 * private attributes (``_x``) the code reads but never defines (``typing._eval_type`` evaluates a
-  string as code; ``random._os`` and ``collections._sys`` are modules);
+  string as code; ``random._os`` and ``collections._sys`` are modules), read from a module, or named
+  like a private name of an allowed module or its classes (``ForwardRef._evaluate``): defining a
+  method ``_evaluate`` does not make ``ref._evaluate`` the code's own;
 * annotations computed at run time (``x: 'so' + 'rt'``): ``typing.get_type_hints`` (called by
   ``functools.singledispatch`` and others) evaluates a string annotation as code;
 * a three-argument ``type(name, bases, namespace)`` call: a class whose attribute names are strings;
@@ -25,6 +27,7 @@ time, because a banned call reached through one of them never spells its name:
 from __future__ import annotations
 
 import ast
+import builtins
 import functools
 import importlib
 import string
@@ -73,6 +76,38 @@ def module_aliases(allowed: frozenset[str]) -> frozenset[str]:
                 todo.append(value.__name__)
             else:
                 found.add(attr)
+    return frozenset(found)
+
+
+@functools.lru_cache(maxsize=16)
+def library_private_names(allowed: frozenset[str]) -> frozenset[str]:
+    """Private names of the allowed modules, of their classes and of the classes of builtins' objects
+    (``typing.ForwardRef._evaluate``, ``typing._eval_type``, ``license._Printer__filenames``): never
+    the code's own, even where the code defines the same name to make the read look like its own."""
+    found: set[str] = set()
+    objects: list[object] = list(vars(builtins).values())
+    seen: set[str] = set()
+    todo = [name for name in allowed if name != "__future__"]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            module = importlib.import_module(name)
+        except Exception:
+            continue
+        for attr, value in list(vars(module).items()):
+            if is_private(attr):
+                found.add(attr)
+            if isinstance(value, types.ModuleType):
+                if value.__name__.split(".")[0] in allowed:
+                    todo.append(value.__name__)
+            else:
+                objects.append(value)
+    for value in objects:
+        for cls in (value if isinstance(value, type) else type(value)).__mro__:
+            found.update(attr for attr in vars(cls) if is_private(attr))
     return frozenset(found)
 
 
@@ -175,6 +210,7 @@ class AstChecker(ast.NodeVisitor):
         self.offset = line_offset
         self.found: list[Violation] = []
         self.aliases = module_aliases(frozenset(policy.allowed_imports))
+        self.library_private = library_private_names(frozenset(policy.allowed_imports))
         self.context = context  # the whole program, for code nested in a string constant
 
     def run(self, tree: ast.AST) -> list[Violation]:
@@ -220,7 +256,7 @@ class AstChecker(ast.NodeVisitor):
             self._add(node, "dynamic access", f"`.{attr}` (code, frame and generator internals)")
         elif attr in _ESCAPE_ATTRIBUTES or attr in _ESCAPE_ATTRIBUTES_EXTRA or attr in self.aliases:
             self._add(node, "dynamic access", f"`.{attr}`")
-        elif read and is_private(attr) and (module or attr not in self.defined):
+        elif read and is_private(attr) and (module or attr not in self.defined or attr in self.library_private):
             self._add(node, "private attribute", f"`.{attr}` (only private attributes the code defines may be read)")
         else:
             self._identifier(node, attr, as_name=False)

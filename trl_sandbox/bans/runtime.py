@@ -18,7 +18,9 @@ interpreter untouched.
   them, and the AST rules ban them anyway).
 * ``module_blocks``: banned modules (``heapq``) leave ``sys.modules``, and a finder placed first on
   ``sys.meta_path`` refuses them (and their accelerators, ``_heapq``) to any importer, library code
-  evaluating a string with the real ``__import__`` included.
+  evaluating a string with the real ``__import__`` included. Where builtins are deleted, the same
+  finder refuses a fresh import of ``builtins`` (its new copy would be built from the interpreter's
+  saved dict, deleted builtins included).
 * ``allowed_imports``: the candidate's ``__import__`` refuses every other top-level module.
 """
 
