@@ -13,6 +13,7 @@ from trl_sandbox.builtin_tasks import TASKS
 
 from .ban_dodges import (
     FORWARD_REF_IMPORTS_HEAPQ,
+    HONEST_SORTING_BODIES,
     IMPORTING_POLICY,
     IMPORTING_PROGRAMS,
     REVIEW_DODGE,
@@ -93,6 +94,7 @@ def test_every_spelling_of_a_banned_call_is_banned(body):
         "    class Node:\n        def __init__(self, v: int, rest: 'Node | None' = None):\n            self._v, self._rest = v, rest\n"
         "    match Node(1):\n        case Node(_v=v):\n            pass\n    return list(xs)\n",
         "    if type(xs) is not list:\n        xs = list(xs)\n    return xs\n",
+        *HONEST_SORTING_BODIES,
     ],
 )
 def test_honest_code_is_not_banned(body):

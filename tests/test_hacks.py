@@ -24,6 +24,7 @@ from trl_sandbox.scoring import Scorer
 
 from .ban_dodges import (
     FORWARD_REF_IMPORTS_HEAPQ,
+    HONEST_SORTING_BODIES,
     IMPORTING_POLICY,
     IMPORTING_PROGRAMS,
     REVIEW_DODGE,
@@ -381,8 +382,12 @@ def test_judge_machinery_survives_deleted_methods(pool):
 
 
 def test_honest_solutions_pass_under_their_bans(pool):
+    """Both layers on (AST rules, then the run-time layer in the sandbox): the built-in tasks' own
+    solutions and honest sorting bodies in several styles all pass."""
     from trl_sandbox.builtin_tasks import SOLUTIONS
 
     rows = [{"prompt": TASKS[t]["prompt"], "task_id": t, "sandbox_task": "builtin"} for t in sorted(TASKS)]
-    outcomes = Scorer(pool, cache_size=0).score([SOLUTIONS[t] for t in sorted(TASKS)], rows)
+    rows += [SORTING_ROW] * len(HONEST_SORTING_BODIES)
+    completions = [SOLUTIONS[t] for t in sorted(TASKS)] + list(HONEST_SORTING_BODIES)
+    outcomes = Scorer(pool, cache_size=0).score(completions, rows)
     assert [o.status for o in outcomes] == ["passed"] * len(rows), outcomes
