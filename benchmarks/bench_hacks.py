@@ -80,6 +80,14 @@ BAN_DODGES = [
                                   "    return c()._module.__builtins__['sor' + 'ted'](xs)\n"),
     ("match list(sort=s)", "    match xs:\n        case list(sort=s):\n            s()\n    return xs\n"),
     ("quoted annotation", "    def k(v: 'sorted'):\n        return v\n    return xs\n"),
+    ("case C(s), __match_args__ built", "    C = type('C', (list,), {'__match' + '_args__': ('so' + 'rt',)})\n    c = C(xs)\n"
+                                        "    match c:\n        case C(s):\n            s()\n    return list(c)\n"),
+    ("same, type via type(type(xs))", "    T = type(type(xs))\n    C = T('C', (list,), {'__match' + '_args__': ('so' + 'rt',)})\n"
+                                      "    c = C(xs)\n    match c:\n        case C(s):\n            s()\n    return list(c)\n"),
+    ("code.replace(co_names=...)", "    xs = list(xs)\n    async def h(a):\n        a.foo()\n    c = h(xs)\n    code = c.cr_code\n"
+                                   "    c.close()\n    code = code.replace(co_names=('so' + 'rt',))\n"
+                                   "    try:\n        type(lambda: 0)(code, {})(xs).send(None)\n"
+                                   "    except StopIteration:\n        pass\n    return xs\n"),
 ]
 
 

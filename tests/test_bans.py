@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+import ast
+import subprocess
+import sys
+
 import pytest
 
 from trl_sandbox.bans import BanPolicy, strip_comments
 from trl_sandbox.builtin_tasks import TASKS
+
+from .ban_dodges import (
+    FORWARD_REF_IMPORTS_HEAPQ,
+    HONEST_SORTING_BODIES,
+    IMPORTING_POLICY,
+    IMPORTING_PROGRAMS,
+    REVIEW_DODGE,
+    SORTING_BODIES,
+)
 
 SORTING = BanPolicy.from_patterns(TASKS["sorting"]["banned_patterns"])
 PROMPT = TASKS["sorting"]["prompt"]
@@ -75,6 +88,13 @@ def test_every_spelling_of_a_banned_call_is_banned(body):
         "        out.insert(i, x)\n    return out\n",
         "    class Box:\n        def __init__(self, v):\n            self.v = v\n        def __lt__(self, o):\n"
         "            return self.v < o.v\n    return [b.v for b in [Box(x) for x in xs]]\n",
+        # pattern matching that spells its attributes, builtin self-matching classes, own private state
+        "    out = []\n    for x in xs:\n        match x:\n            case int(n) if n < 0:\n                out = [n] + out\n"
+        "            case int(n):\n                out = out + [n]\n    return out\n",
+        "    class Node:\n        def __init__(self, v: int, rest: 'Node | None' = None):\n            self._v, self._rest = v, rest\n"
+        "    match Node(1):\n        case Node(_v=v):\n            pass\n    return list(xs)\n",
+        "    if type(xs) is not list:\n        xs = list(xs)\n    return xs\n",
+        *HONEST_SORTING_BODIES,
     ],
 )
 def test_honest_code_is_not_banned(body):
@@ -120,3 +140,112 @@ def test_runtime_layer_removes_banned_builtins_and_escape_hatches():
     assert "__import__" not in names_only.runtime_removals()
     assert "math" in names_only.runtime_allowed_imports()
     assert BanPolicy().runtime_removals() == [] and BanPolicy().runtime_allowed_imports() is None
+
+
+# -- routes from a string to an attribute (see tests/ban_dodges.py) -------------------------------------
+
+
+def _run_plain(program: str, xs):
+    """Run ``sort_numbers`` in a plain interpreter with no ban: the positive control that a dodge is
+    real. A fresh process each time: some dodges rearrange ``sys.modules``."""
+    code = program + f"\nprint(repr(sort_numbers({list(xs)!r})))\n"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return ast.literal_eval(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_reviewed_match_args_dodge_is_banned():
+    rules = {v.rule for v in SORTING.violations(PROMPT + REVIEW_DODGE, first_line=FIRST_BODY_LINE)}
+    assert {"class pattern", "dynamic access"} <= rules, rules
+
+
+@pytest.mark.parametrize("name", sorted(SORTING_BODIES))
+def test_string_built_attribute_dodge_sorts_without_a_ban_and_is_banned(name):
+    body = SORTING_BODIES[name]
+    assert _run_plain("def sort_numbers(xs):\n" + body, [3, 1, 2]) == [1, 2, 3]  # the trick is real
+    violation = body_violation(body)
+    assert violation is not None, name
+    assert violation.line >= FIRST_BODY_LINE
+
+
+@pytest.mark.parametrize("name", sorted(IMPORTING_PROGRAMS))
+def test_library_internals_dodge_sorts_without_a_ban_and_is_banned(name):
+    program = IMPORTING_PROGRAMS[name]
+    assert _run_plain(program, [3, 1, 2]) == [1, 2, 3]
+    assert IMPORTING_POLICY.violations(program), name
+    assert BanPolicy.from_patterns([]).violations(program) == []  # nothing banned: nothing checked
+
+
+def test_positional_class_patterns():
+    point = "class Point:\n    __match_args__ = ('x', 'y')\n    def __init__(self, x, y):\n        self.x, self.y = x, y\n"
+    positional = point + "def f(p):\n    match p:\n        case Point(x, y):\n            return x + y\n"
+    # a task that bans nothing: honest pattern matching is untouched (and works)
+    assert BanPolicy.from_patterns([]).violations(positional) == []
+    namespace: dict = {}
+    exec(positional, namespace)
+    assert namespace["f"](namespace["Point"](1, 2)) == 3
+    # a task that bans something: positional sub-patterns on a class read __match_args__
+    names_only = BanPolicy.from_patterns(["sorted("])
+    match = "def f(p):\n    match p:\n        case {}:\n            return 1\n"
+    assert names_only.check(match.format("Point(x, y)")).rule == "class pattern"
+    assert names_only.check(match.format("Point(x=x, y=y)")) is None  # keyword patterns spell the attribute
+    assert names_only.check(match.format("list(x)")) is None  # self-matching builtin: binds the subject
+    assert names_only.check(match.format("int(n) | float(n)")) is None
+    assert names_only.check(match.format("list(a, b)")).rule == "class pattern"
+    assert names_only.check("list = dict\n" + match.format("list(x)")).rule == "class pattern"  # rebound
+
+
+def test_format_fields_that_reach_banned_or_dunder_attributes():
+    template = "{0.sort}"
+    assert "sort" in template.format([1])  # the lookup really happens
+    assert body_violation("    return '{.sort}'.format(xs) and xs\n").rule == "format field"
+    assert body_violation("    return '{0.sort}'.format(xs) and xs\n").rule == "format field"
+    assert body_violation("    return '{0.__class__}'.format(xs) and xs\n").rule == "format field"
+    assert body_violation("    return '{0.real:>{1}} {name!r}'.format(1, 2, name=3) and xs\n") is None
+
+
+def test_private_attributes_only_where_the_code_defines_them():
+    policy = BanPolicy.from_patterns(["sorted("])
+    own = ("class Stack:\n    _limit = 3\n    def __init__(self):\n        self._items = []\n"
+           "    def full(self, other):\n        return len(self._items) + len(other._items) >= self._limit\n")
+    assert policy.check(own) is None
+    assert policy.check("import typing\nf = typing._eval_type\n").rule == "private attribute"
+    assert policy.check("import random\nf = random._inst\n").rule == "private attribute"
+    assert policy.check("import random\nf = random._os\n").rule == "dynamic access"  # a module it imported
+    # defining the name somewhere does not make a module's private attribute the code's own
+    assert IMPORTING_POLICY.check(FORWARD_REF_IMPORTS_HEAPQ).rule == "private attribute"
+    assert policy.check("class K:\n    _eval_type = 0\nimport typing\nf = typing._eval_type\n").rule == "private attribute"
+
+
+def test_annotations_must_name_types():
+    policy = BanPolicy.from_patterns(["sorted("])
+    for ok in ("def f(x: list[int], y: 'Node', z: 'list[Node]' = None) -> int | None:\n    pass\n",
+               "from typing import Optional\nv: Optional['Node'] = None\n"):
+        assert policy.check(ok) is None, ok
+    for bad in ("def f(x: 'a' + 'b'):\n    pass\n", "def f(x) -> g():\n    pass\n", "v: \"'a' + 'b'\" = 1\n",
+                "from typing import List\nv: List[\"'a' + 'b'\"] = 1\n"):
+        assert policy.check(bad).rule == "annotation", bad
+
+
+def test_code_frame_and_generator_internals_and_class_building():
+    for body in ("    return (lambda: 0).__code__ and xs\n", "    return (x for x in xs).gi_code.co_names and xs\n",
+                 "    c = g()\n    return c.cr_code\n", "    return c.replace(co_names=())\n",
+                 "    return type('C', (), {})\n", "    return type(*args)\n"):
+        assert body_violation(body) is not None, body
+    assert body_violation("    if type(xs) is list:\n        return list(xs)\n    return xs\n") is None
+    assert body_violation("    f_x = xs\n    return f_x\n") is None
+
+
+def test_runtime_method_removals_and_module_blocks():
+    assert SORTING.runtime_module_blocks() == ["heapq"]
+    assert BanPolicy().runtime_module_blocks() == []
+    assert SORTING.runtime_method_removals() == ["sort"]
+    assert BanPolicy().runtime_method_removals() == []
+    assert BanPolicy.from_patterns([".__len__(", ".count("]).runtime_method_removals() == ["count"]  # no dunders
+
+
+@pytest.mark.parametrize("task_id", sorted(TASKS))
+def test_honest_solutions_of_the_builtin_tasks_are_not_banned(task_id):
+    task = TASKS[task_id]
+    policy = BanPolicy.from_patterns(task["banned_patterns"])
+    assert policy.violations(task["prompt"] + task["solution"]) == []

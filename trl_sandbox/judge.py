@@ -1,14 +1,14 @@
 """The host side of the judge: build judge programs, read verdicts, turn them into ``Outcome``s.
 
-A judged program is ``python3 -I -c JUDGE_SOURCE`` (the text of ``trl_sandbox/judge_program.py``,
-identical for every execution) with a payload on stdin and ``nonce_on_stdin=True``: the runner
-prepends 16 fresh random bytes per execution and hands them to ``Task.score``. The payload is two
-length-prefixed pickles (the host -> judge direction is trusted):
+A judged program is ``python3 -I -c JUDGE_SOURCE`` (the text of ``trl_sandbox/judge_candidate.py``
+then ``trl_sandbox/judge_program.py``, identical for every execution) with a payload on stdin and
+``nonce_on_stdin=True``: the runner prepends 16 fresh random bytes per execution and hands them to
+``Task.score``. The payload is two length-prefixed pickles (the host -> judge direction is trusted):
 
 * the candidate part, visible to the candidate process: ``source``, ``filename``, ``limit`` (the
   time budget in seconds for loading the candidate and running every test), ``max_bytes`` (largest
-  reply accepted), ``remove_builtins``, ``delete_builtins`` and ``allowed_imports`` (the run-time
-  ban layer);
+  reply accepted), ``remove_builtins``, ``delete_builtins``, ``remove_methods``, ``block_modules``
+  and ``allowed_imports`` (the run-time ban layer, ``trl_sandbox.bans.runtime``);
 * the judge part, read by the judge only after the candidate process is forked: the tests
   (``call_spec`` or ``check_spec``).
 
@@ -43,7 +43,10 @@ from .judge_values import NotPlainData, decode_value, plain_loads, values_equal 
 from .sandbox import ExecResult
 from .tasks import Outcome, Program
 
-JUDGE_SOURCE: str = (Path(__file__).with_name("judge_program.py")).read_text(encoding="utf-8")
+# The candidate's half first: the judge's half uses its names (and imports them only on the host).
+JUDGE_SOURCE: str = "\n".join(
+    (Path(__file__).with_name(name)).read_text(encoding="utf-8") for name in ("judge_candidate.py", "judge_program.py")
+)
 # -I: an isolated interpreter. No current directory (where the candidate writes) and no user site
 # on ``sys.path``, no PYTHON* variables: every module the judge imports comes from read-only places.
 JUDGE_ARGV: tuple[str, ...] = ("python3", "-I", "-c", JUDGE_SOURCE)
@@ -104,6 +107,8 @@ def build_program(
         "max_bytes": int(max_reply_bytes),
         "remove_builtins": policy.runtime_removals(),
         "delete_builtins": policy.runtime_deletions(),
+        "remove_methods": policy.runtime_method_removals(),
+        "block_modules": policy.runtime_module_blocks(),
         "allowed_imports": policy.runtime_allowed_imports(),
     }
     judge_bytes = judge_part if isinstance(judge_part, bytes) else encode_judge_part(judge_part)

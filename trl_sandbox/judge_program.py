@@ -1,5 +1,6 @@
 # ruff: noqa: UP031  (runs on the sandbox's Python, 3.8+: plain %-formatting on purpose)
-"""The judge: runs inside the sandbox as ``python3 -I -c SOURCE``, with this file's text as SOURCE.
+"""The judge: runs inside the sandbox as ``python3 -I -c SOURCE``; SOURCE is the text of
+``judge_candidate.py`` (the candidate process's half) followed by this file's (the judge's half).
 
 Standard library only, Python 3.8+. The source is sent byte-identical for every execution (a
 sandbox may cache its compiled form); everything that changes per execution comes on stdin:
@@ -31,26 +32,31 @@ Modes (from the judge part):
           candidate process, then exec each test; a test passes when it raises nothing.
 """
 
-# Everything the judge may import is imported here, before any candidate code exists (the value
-# classes of results included); with ``-I`` the interpreter never looks in the current directory,
-# the candidate's, so a module the candidate plants there is never the one the judge gets.
 import _json
 import _pickle
 import binascii
-import decimal
-import fractions
 import io
 import os
 import select
 import sys
 import time
 
+if __name__ != "__main__":
+    # Imported on the host (tests, tools): the candidate half is a module of its own. In the sandbox
+    # this text runs right after judge_candidate.py's (``trl_sandbox.judge.JUDGE_SOURCE``), which
+    # has already defined these names.
+    from trl_sandbox.judge_candidate import (
+        _MAX_TEXT,
+        NONCE_BYTES,
+        _exc_text,
+        _nondumpable,
+        _read_message,
+        _start_candidate,
+        _write_all,
+    )
+
 MARKER = b"@@trl-sandbox-verdict@@"
 VERSION = 1
-NONCE_BYTES = 16
-_MAX_TEXT = 2000
-
-
 class _Timeout(BaseException):
     """The time budget ran out (BaseException: test code's ``except Exception`` cannot swallow it)."""
 
@@ -86,207 +92,11 @@ class _PlainUnpickler(_pickle.Unpickler):
 
     def find_class(self, module, name):
         if (module, name) in _VALUE_CLASSES:
-            return getattr(sys.modules[module], name)
+            return getattr(sys.modules[module], name)  # imported up front (judge_candidate.py)
         raise _NotPlain("%s.%s" % (module, name))
 
     def persistent_load(self, pid):
         raise _NotPlain("persistent id")
-
-
-# -- low-level I/O ----------------------------------------------------------------------------------
-
-
-def _read_exact(fd, n):
-    chunks = []
-    while n > 0:
-        chunk = os.read(fd, min(n, 1 << 20))
-        if not chunk:
-            raise EOFError("stdin ended early")
-        chunks.append(chunk)
-        n -= len(chunk)
-    return b"".join(chunks)
-
-
-def _read_message(fd):
-    size = int.from_bytes(_read_exact(fd, 4), "big")
-    return _read_exact(fd, size)
-
-
-def _write_all(fd, data):
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
-
-
-def _nondumpable():
-    """prctl(PR_SET_DUMPABLE, 0): /proc/<pid>/{mem,fd,environ} and ptrace become root-only."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(4, 0, 0, 0, 0) == 0
-    except Exception:
-        return False
-
-
-# -- the candidate process ------------------------------------------------------------------------------
-
-
-def _exc_text(exc):
-    try:
-        text = str(exc)
-    except BaseException:
-        text = "<unprintable exception>"
-    return text[:_MAX_TEXT]
-
-
-def _plain(value, memo, depth=0):
-    """``value`` as plain builtins (subclasses such as Counter or namedtuple become their base type)."""
-    t = type(value)
-    if value is None or t is bool or t is int or t is float or t is str or t is bytes:
-        return value
-    if depth > 200:
-        raise TypeError("result is nested too deeply")
-    key = id(value)
-    if key in memo:
-        return memo[key]
-    if isinstance(value, bool):
-        return bool(value)
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, float):
-        return float(value)
-    if isinstance(value, str):
-        return str.__str__(value)
-    if isinstance(value, (bytes, bytearray)):
-        return bytes(value) if t is not bytearray else bytearray(value)
-    if isinstance(value, list):
-        out = []
-        memo[key] = out
-        for item in value:
-            out.append(_plain(item, memo, depth + 1))
-        return out
-    if isinstance(value, tuple):
-        out = tuple(_plain(item, memo, depth + 1) for item in value)
-        memo[key] = out
-        return out
-    if isinstance(value, dict):
-        out = {}
-        memo[key] = out
-        for k, v in list(value.items()):
-            out[_plain(k, memo, depth + 1)] = _plain(v, memo, depth + 1)
-        return out
-    if isinstance(value, frozenset):
-        return frozenset(_plain(item, memo, depth + 1) for item in value)
-    if isinstance(value, set):
-        return set(_plain(item, memo, depth + 1) for item in value)
-    if isinstance(value, complex):
-        return complex(float(value.real), float(value.imag))
-    if isinstance(value, fractions.Fraction):
-        return fractions.Fraction(int(value.numerator), int(value.denominator))
-    if isinstance(value, decimal.Decimal):
-        return decimal.Decimal(decimal.Decimal.__str__(value))
-    raise TypeError("result of type %s is not plain data" % t.__name__)
-
-
-def _restricted_importer(real_import, allowed):
-    allowed = frozenset(allowed)
-
-    def __import__(name, globals=None, locals=None, fromlist=(), level=0):
-        if level or name.partition(".")[0] not in allowed:
-            raise ImportError("import of %r is not allowed in this task" % name)
-        return real_import(name, globals, locals, fromlist, level)
-
-    return __import__
-
-
-def _candidate(spec, rfd, wfd):
-    """Runs in the forked candidate process; never returns."""
-    import builtins
-
-    def send(message):
-        data = _pickle.dumps(message, protocol=5)
-        _write_all(wfd, len(data).to_bytes(4, "big") + data)
-
-    # The candidate, like ``python3 -c``, may import modules from its working directory; only its own
-    # process looks there (the judge runs isolated, with everything it needs already imported).
-    sys.path.insert(0, "")
-    for name in spec.get("delete_builtins") or ():
-        builtins.__dict__.pop(name, None)
-    table = dict(builtins.__dict__)
-    for name in spec.get("remove_builtins") or ():
-        table.pop(name, None)
-    allowed = spec.get("allowed_imports")
-    if allowed is not None and "__import__" in table:
-        table["__import__"] = _restricted_importer(builtins.__import__, allowed)
-    namespace = {"__name__": "__candidate__", "__builtins__": table}
-    try:
-        code = compile(spec["source"], spec.get("filename") or "<string>", "exec")
-        exec(code, namespace)
-        defined = [k for k, v in list(namespace.items()) if isinstance(k, str) and callable(v)]
-        message = ("loaded", defined)
-    except BaseException as exc:
-        message = ("load_error", type(exc).__name__, _exc_text(exc))
-    send(message)
-    while True:
-        try:
-            header = _read_exact(rfd, 4)
-            request = _pickle.loads(_read_exact(rfd, int.from_bytes(header, "big")))
-        except BaseException:
-            os._exit(0)
-        seq, name, args, kwargs = request
-        try:
-            if name not in namespace:
-                raise NameError("name %r is not defined" % name)
-            value = namespace[name](*args, **kwargs)
-            try:
-                payload = _pickle.dumps(_plain(value, {}), protocol=5)
-                message = ("ok", seq, payload)
-            except BaseException as exc:
-                message = ("not_plain", seq, type(exc).__name__, _exc_text(exc))
-        except BaseException as exc:
-            message = ("raise", seq, type(exc).__name__, _exc_text(exc))
-        send(message)
-
-
-def _close_fds_except(keep):
-    top = 1024
-    try:
-        top = max(int(name) for name in os.listdir("/proc/self/fd")) + 1
-    except Exception:
-        try:
-            top = min(os.sysconf("SC_OPEN_MAX"), 65536)
-        except Exception:
-            pass
-    low = 0
-    for fd in sorted(keep) + [top]:
-        if fd > low:
-            os.closerange(low, fd)
-        low = fd + 1
-
-
-def _start_candidate(spec, nonce):
-    req_r, req_w = os.pipe()
-    resp_r, resp_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            nonce[0:NONCE_BYTES] = bytes(NONCE_BYTES)
-            devnull = os.open(os.devnull, os.O_RDWR)
-            os.dup2(devnull, 0)
-            try:
-                os.dup2(2, 1)
-            except OSError:
-                os.dup2(devnull, 1)
-            _close_fds_except({0, 1, 2, req_r, resp_w})
-            _candidate(spec, req_r, resp_w)
-        except BaseException:
-            pass
-        os._exit(0)
-    os.close(req_r)
-    os.close(resp_w)
-    return pid, req_w, resp_r
 
 
 # -- the judge's side of the conversation --------------------------------------------------------------
