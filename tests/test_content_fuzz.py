@@ -89,14 +89,19 @@ def test_a_parser_that_raises_anything_on_content_never_makes_infra(pool, explod
     outcomes = Scorer(pool).score(texts, _batch(texts))
     bad = [(t[:80], o.detail) for t, o in zip(texts, outcomes) if o.status == "infra" or o.reward is None]
     assert not bad, bad[:5]
-    marked = [o for t, o in zip(texts, outcomes) if MARK in t]
-    assert any("could not process" in o.detail for o in marked)
+    # the simulated failures reached the host path: the sorting task's ban check parses every
+    # completion, so every marked one is refused (unparsable), never run and never infra
+    rows = _batch(texts)
+    marked = [o for t, o, r in zip(texts, outcomes, rows) if MARK in t and r["task_id"] == "sorting"]
+    assert marked and all(o.status in ("banned", "error", "no_code") for o in marked), marked[:3]
+    assert any("does not parse" in o.detail for o in marked)
 
 
-def test_positive_control_the_simulated_parser_does_break_a_task_build(exploding_parser):
-    task = BuiltinTasks()
+def test_positive_control_the_simulated_parser_raises_on_marked_text(exploding_parser):
     with pytest.raises(EXOTIC + (UnicodeEncodeError,)):
-        task.build("    return xs  " + MARK + "\n", ROWS[0])
+        ast.parse("x = 1  " + MARK)
+    assert isinstance(ast.parse("x = 1"), ast.Module)
+    task = BuiltinTasks()
     assert isinstance(task.build("    return xs\n", ROWS[0]), Program)  # the probe still builds
 
 

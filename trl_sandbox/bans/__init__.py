@@ -39,6 +39,7 @@ from __future__ import annotations
 import ast
 import io
 import tokenize
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -133,8 +134,10 @@ class BanPolicy:
         found: list[Violation] = []
         found.extend(self._substring_violations(code, first_line))
         try:
-            tree = ast.parse(code)
-        except (SyntaxError, ValueError) as exc:
+            with warnings.catch_warnings():  # a SyntaxWarning about model text is no news to the user
+                warnings.simplefilter("ignore")
+                tree = ast.parse(code)
+        except Exception as exc:  # SyntaxError, ValueError, RecursionError, MemoryError, SystemError (3.12), ...
             line = getattr(exc, "lineno", 0) or 0
             found.append(Violation("code", f"it does not parse ({exc.__class__.__name__}: {exc.msg if isinstance(exc, SyntaxError) else exc})", line))
             return found
@@ -185,7 +188,7 @@ def strip_comments(code: str) -> str:
     """``code`` with its comments blanked out (lines keep their numbers); unchanged if it does not tokenize."""
     try:
         tokens = list(tokenize.generate_tokens(io.StringIO(code).readline))
-    except (tokenize.TokenError, IndentationError, SyntaxError):
+    except Exception:  # whatever the tokenizer of this Python raises on model text
         return code
     lines = code.splitlines(keepends=True)
     for tok in tokens:

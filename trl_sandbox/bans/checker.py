@@ -172,7 +172,7 @@ def _static_annotation(node: ast.AST | None, depth: int = 0) -> bool:
             return False
         try:  # a quoted annotation is evaluated as code: it must name a type too
             return _static_annotation(ast.parse(node.value.strip(), mode="eval").body, depth + 1)
-        except (SyntaxError, ValueError):
+        except Exception:  # any parser failure on model text
             return True  # cannot evaluate either
     if isinstance(node, ast.Attribute):
         return _static_annotation(node.value, depth)
@@ -392,7 +392,7 @@ class AstChecker(ast.NodeVisitor):
                 self._add(node, "format field", f"`.{attr}` in {text[:60]!r}")
         try:
             sub = ast.parse(text, mode="eval")
-        except (SyntaxError, ValueError):
+        except Exception:  # any parser failure on model text
             return
         inner = AstChecker(self.p, 0, 0, context=self.context or sub)
         inner.bound, inner.defined, inner.imported = self.bound, self.defined, self.imported
