@@ -161,7 +161,8 @@ def test_nothing_outside_the_scratch_areas_is_writable(box):
 import json, os
 out = {}
 for p in ['/x', '/usr/x', '/usr/lib/x', '/etc/x', '/etc/passwd', '/bin/x', '/home/x', '/root/x', '/dev/x', '/proc/x',
-          '/proc/sys/kernel/hostname', '/sys/x', '/.trl-sandbox/supervisor.py']:
+          '/proc/sys/kernel/hostname', '/sys/x', '/.trl-sandbox/supervisor.py',
+          '/.trl-sandbox/_trl_sandbox_supervisor/kernel.py', '/.trl-sandbox/x']:
     try:
         with open(p, 'w') as f:
             f.write('x')

@@ -19,7 +19,7 @@ import textwrap
 
 import pytest
 
-from trl_sandbox.sandbox import ConfigError
+from trl_sandbox.sandbox import ConfigError, InfraError
 
 from .local_helpers import Host, local_host
 
@@ -279,6 +279,16 @@ def test_a_compile_warning_flood_reaches_the_program_not_the_supervisor(box):
         after = box.py("print('next')", timeout=5)
         assert (after.stdout, after.timed_out) == ("next\n", False)
     box.reset()
+
+
+def test_what_the_supervisor_says_on_its_stderr_reaches_the_host():
+    """bwrap's stderr is drained all along; its tail explains a supervisor that died."""
+    with local_host() as h:
+        h.provider._supervisor_options = {"memory_mode": "bogus"}
+        with pytest.raises(InfraError, match="memory_mode must be 'deny' or 'cgroup'"):
+            h.create()
+        h.provider._supervisor_options = {}
+        assert h.create().py("print('fine')").stdout == "fine\n"  # control: the same host, a valid mode
 
 
 # -- calls a program never needs -----------------------------------------------------------------
