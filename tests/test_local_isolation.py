@@ -6,13 +6,18 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
+import stat
+import tempfile
 import threading
 import uuid
 
 import pytest
 
-from .local_helpers import host_uid_of, local_host
+from trl_sandbox.sandbox import ConfigError, InfraError
+
+from .local_helpers import Host, host_uid_of, local_host
 
 SECRET_VAR = "TRL_SANDBOX_TEST_SECRET"
 SECRET = "s3cr3t-" + uuid.uuid4().hex
@@ -161,7 +166,8 @@ def test_nothing_outside_the_scratch_areas_is_writable(box):
 import json, os
 out = {}
 for p in ['/x', '/usr/x', '/usr/lib/x', '/etc/x', '/etc/passwd', '/bin/x', '/home/x', '/root/x', '/dev/x', '/proc/x',
-          '/proc/sys/kernel/hostname', '/sys/x', '/.trl-sandbox/supervisor.py']:
+          '/proc/sys/kernel/hostname', '/sys/x', '/.trl-sandbox/supervisor.py',
+          '/.trl-sandbox/_trl_sandbox_supervisor/kernel.py', '/.trl-sandbox/x']:
     try:
         with open(p, 'w') as f:
             f.write('x')
@@ -233,3 +239,48 @@ def test_sandboxes_do_not_see_each_other(host, box):
     assert "mine.txt" not in r.stdout and "t" not in r.stdout.split() and "s" not in r.stdout.split()
     assert box.namespace_members() != other.namespace_members()
     other.destroy()
+
+
+# -- the supervisor -------------------------------------------------------------------------------
+
+
+def test_the_supervisors_modules_do_not_shadow_a_programs(box):
+    for name in ("main", "protocol", "kernel", "state", "child"):
+        box.write(f"{name}.py", f"WHO = 'program {name}'\n")
+    r = box.py("import main, protocol, kernel, state, child, sys\n"
+               "print(main.WHO, protocol.WHO, kernel.WHO, state.WHO, child.WHO)\n"
+               "print([p for p in sys.path if 'trl-sandbox' in p])")
+    assert r.stdout == "program main program protocol program kernel program state program child\n[]\n", r
+    box.reset()
+
+
+def test_what_the_supervisor_says_on_its_stderr_reaches_the_host():
+    """bwrap's stderr is drained all along; its tail explains a supervisor that died."""
+    with local_host() as h:
+        h.provider._supervisor_options = {"memory_mode": "bogus"}
+        with pytest.raises(InfraError, match="memory_mode must be 'deny' or 'cgroup'"):
+            h.create()
+        h.provider._supervisor_options = {}
+        assert h.create().py("print('fine')").stdout == "fine\n"  # control: the same host, a valid mode
+
+
+def test_a_kernel_that_refuses_the_isolation_is_a_config_error_at_construction():
+    # bwrap without --cap-add: the supervisor cannot own a mount namespace (as on a kernel or
+    # container runtime that refuses it). The real bwrap with the same settings works.
+    folder = tempfile.mkdtemp(prefix="trl-sandbox-bwrap-")
+    os.chmod(folder, 0o755)
+    wrapper = os.path.join(folder, "bwrap")
+    with open(wrapper, "w") as f:
+        f.write("#!/bin/sh\nskip=0\nfor a; do shift\n  if [ $skip = 1 ]; then skip=0; continue; fi\n"
+                "  if [ \"$a\" = --cap-add ]; then skip=1; continue; fi\n  set -- \"$@\" \"$a\"\ndone\n"
+                f"exec {shutil.which('bwrap')} \"$@\"\n")
+    os.chmod(wrapper, stat.S_IRWXU | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)
+    try:
+        with pytest.raises(ConfigError) as info:
+            Host(bwrap=wrapper)
+        message = str(info.value)
+        assert "kernel check failed" in message and "CONFIG_SECCOMP_FILTER" in message, message
+        Host().close()
+    finally:
+        os.unlink(wrapper)
+        os.rmdir(folder)

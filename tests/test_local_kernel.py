@@ -11,17 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import stat
 import subprocess
-import tempfile
 import textwrap
 
 import pytest
 
-from trl_sandbox.sandbox import ConfigError
-
-from .local_helpers import Host, local_host
+from .local_helpers import local_host
 
 LIMITS = {"memory_mb": 128, "max_processes": 32, "file_size_mb": 8, "output_bytes": 1 << 22}
 
@@ -347,41 +342,6 @@ def test_other_system_call_abis_do_not_get_around_the_filter(box):
     assert r.exit_code == -31 and not r.timed_out, r
     # Programs started by execve run under the same filter.
     assert box.exec(["grep", "Seccomp:", "/proc/self/status"]).stdout == "Seccomp:\t2\n"
-
-
-def test_the_supervisors_modules_do_not_shadow_a_programs(box):
-    for name in ("main", "protocol", "kernel", "state", "child"):
-        box.write(f"{name}.py", f"WHO = 'program {name}'\n")
-    r = box.py("import main, protocol, kernel, state, child, sys\n"
-               "print(main.WHO, protocol.WHO, kernel.WHO, state.WHO, child.WHO)\n"
-               "print([p for p in sys.path if 'trl-sandbox' in p])")
-    assert r.stdout == "program main program protocol program kernel program state program child\n[]\n", r
-    box.reset()
-
-
-# -- construction -------------------------------------------------------------------------------
-
-
-def test_a_kernel_that_refuses_the_isolation_is_a_config_error_at_construction():
-    # bwrap without --cap-add: the supervisor cannot own a mount namespace (as on a kernel or
-    # container runtime that refuses it). The real bwrap with the same settings works.
-    folder = tempfile.mkdtemp(prefix="trl-sandbox-bwrap-")
-    os.chmod(folder, 0o755)
-    wrapper = os.path.join(folder, "bwrap")
-    with open(wrapper, "w") as f:
-        f.write("#!/bin/sh\nskip=0\nfor a; do shift\n  if [ $skip = 1 ]; then skip=0; continue; fi\n"
-                "  if [ \"$a\" = --cap-add ]; then skip=1; continue; fi\n  set -- \"$@\" \"$a\"\ndone\n"
-                f"exec {shutil.which('bwrap')} \"$@\"\n")
-    os.chmod(wrapper, stat.S_IRWXU | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)
-    try:
-        with pytest.raises(ConfigError) as info:
-            Host(bwrap=wrapper)
-        message = str(info.value)
-        assert "kernel check failed" in message and "CONFIG_SECCOMP_FILTER" in message, message
-        Host().close()
-    finally:
-        os.unlink(wrapper)
-        os.rmdir(folder)
 
 
 INODES = """
