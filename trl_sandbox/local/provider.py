@@ -37,9 +37,23 @@ Inside, ``supervisor.py`` runs as PID 1 and serves requests over the container's
 * Where a forked interpreter differs from a fresh one: the string hash seed is the supervisor's
   (the same in every exec of a sandbox), ``sys.flags`` are the supervisor's, and modules in
   ``preload`` are already imported (in their pristine state: each exec starts from a fresh fork).
-* Not enforced: ``SandboxSpec.cpus`` and ``SandboxSpec.memory_mb`` (no cgroups); the limits that
-  apply are the per-process rlimits of ``ResourceLimits`` and the tmpfs caps. Every sandbox
-  process has ``oom_score_adj=1000``, so the host's OOM killer picks sandboxed code first.
+* Cgroups (``cgroups.py``; provider setting ``cgroups="auto"|"v1"|"v2"|"off"``): where the kernel
+  lets us (root with the v1 controllers, or a delegated v2 subtree), every sandbox has its own group
+  from before bwrap execs: the same CPU weight as every other sandbox however many processes it
+  starts, ``pids.max`` = ``ResourceLimits.max_processes`` + 16, and a memory limit of
+  ``SandboxSpec.memory_mb`` (swap included) over everything the sandbox holds: the supervisor, its
+  programs, and what they pin outside their address space (tmpfs files, SysV/POSIX shm, memfd). A
+  program that hits it is killed by the kernel's OOM killer inside the group (``exit_code=-9``); if
+  the pages it pinned are mapped by no process, the victim may be the supervisor, and the sandbox
+  dies (the program's exec returns ``exit_code=None``; the pool replaces the sandbox). The supervisor
+  is told ``memory_mode="cgroup"`` then, else ``"deny"``. ``SandboxSpec.cpus`` is not enforced: the
+  groups share CPU by weight, not by quota. Without cgroups, only the per-process rlimits of
+  ``ResourceLimits`` and the tmpfs caps apply. Every sandbox process has ``oom_score_adj=1000``, so
+  the host's OOM killer picks sandboxed code first.
+* What it sees (``mounts.py``): the interpreter's standard library, not the host's site-packages
+  (each site directory is an empty read-only tmpfs; ``packages=[...]`` binds named top-level
+  packages back), and a /proc whose host-wide files (boot arguments, kernel symbols, keys, ...) are
+  covered.
 """
 
 from __future__ import annotations
@@ -68,7 +82,10 @@ from ..sandbox import (
     exec_arguments,
 )
 from ..settings import number
+from . import mounts
 from . import supervisor as _proto
+from .cgroups import PID_HEADROOM, Cgroups, SandboxGroup
+from .usage import _Usage
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +158,9 @@ class LocalProvider:
     as root; ``None`` keeps root), ``max_concurrency``, ``start_timeout_s``, ``exec_grace_s``
     (how long past an exec's timeout the host waits before declaring the sandbox hung) and
     ``compile_cache_mb`` (source size of the programs whose compiled code a sandbox keeps; code
-    takes about 3.5 times its source in memory).
+    takes about 3.5 times its source in memory), ``cgroups`` (``auto``, ``v1``, ``v2`` or ``off``; a
+    mode the kernel refuses is a ``ConfigError``) and ``packages`` (top-level modules of the sandbox
+    interpreter's site directories to make visible, e.g. ``["numpy"]`` or ``"numpy,sympy"``).
     """
 
     name = "local"
@@ -163,6 +182,8 @@ class LocalProvider:
         start_timeout_s: float = 30.0,
         exec_grace_s: float = 5.0,
         compile_cache_mb: float = 1,
+        cgroups: str = "auto",
+        packages: Iterable[str] = (),
     ) -> None:
         found = shutil.which(bwrap)
         if not found:
@@ -179,22 +200,21 @@ class LocalProvider:
         self._binds: list[tuple[str, str]] = []
         for entry in extra_ro_binds:
             src, dest = (entry, entry) if isinstance(entry, str) else tuple(entry)
-            if not os.path.exists(src):
-                raise ConfigError(f"extra_ro_binds: {src!r} does not exist")
-            dest = os.path.normpath(dest)
-            if not os.path.isabs(dest) or any(dest == d or dest.startswith(d + "/") for d in SCRATCH):
-                raise ConfigError(f"extra_ro_binds: {dest!r} must be an absolute path outside {', '.join(SCRATCH)}")
-            self._binds.append((os.path.abspath(src), dest))
+            self._binds.append(mounts.check_bind(src, dest, SCRATCH))
         visible = ["/usr"] + [dest for _, dest in self._binds]
         if not any(python == v or python.startswith(v.rstrip("/") + "/") for v in visible):
             raise ConfigError(
                 f"the sandbox interpreter {python!r} is not inside the sandbox: only /usr and extra_ro_binds "
                 f"are mounted; add its installation prefix to extra_ro_binds"
             )
+        self._sites = mounts.site_dirs(python, self._binds)
+        if isinstance(packages, str):
+            packages = [p.strip() for p in packages.split(",") if p.strip()]  # --setting packages=numpy,sympy
+        self._packages = mounts.package_entries(packages, self._sites)
         self._sizes = {
-            "work": number("local", "work_size_mb", work_size_mb, int, required=True),
-            "tmp": number("local", "tmp_size_mb", tmp_size_mb, int, required=True),
-            "shm": number("local", "shm_size_mb", shm_size_mb, int, required=True),
+            "work": number("local", "work_size_mb", work_size_mb, int, required=True, positive=True),
+            "tmp": number("local", "tmp_size_mb", tmp_size_mb, int, required=True, positive=True),
+            "shm": number("local", "shm_size_mb", shm_size_mb, int, required=True, positive=True),
         }
         self._preload = tuple(preload)
         self._sandbox_uid = number("local", "sandbox_uid", sandbox_uid, int, required=True)
@@ -202,8 +222,8 @@ class LocalProvider:
         host_uid = number("local", "host_uid", host_uid, int)
         if os.geteuid() == 0 and host_uid is not None:
             self._drop = {"user": host_uid, "group": host_uid, "extra_groups": []}
-        self._start_timeout = number("local", "start_timeout_s", start_timeout_s, required=True)
-        self._grace = number("local", "exec_grace_s", exec_grace_s, required=True)
+        self._start_timeout = number("local", "start_timeout_s", start_timeout_s, required=True, positive=True)
+        self._grace = number("local", "exec_grace_s", exec_grace_s, required=True, positive=True)
         self._cache_bytes = int(number("local", "compile_cache_mb", compile_cache_mb, required=True) * (1 << 20))
         # Extra supervisor configuration; {"exit_watch": "sigchld"} forces the Python 3.8 code path.
         self._supervisor_options: dict = {}
@@ -225,11 +245,16 @@ class LocalProvider:
             files=True,
             persistent_state=True,
             separate_stderr=True,
-            max_concurrency=number("local", "max_concurrency", max_concurrency, int) or max(4, 4 * cpus),
+            max_concurrency=number("local", "max_concurrency", max_concurrency, int, positive=True) or max(4, 4 * cpus),
             fast_python=True,
         )
         self._sandboxes: dict[str, LocalSandbox] = {}
         self._closed = False
+        self._cgroups = Cgroups(cgroups)  # after the probe: a broken setup leaves no groups behind
+        if not self._cgroups.version and str(cgroups).lower() != "off":
+            log.warning("local sandboxes run without cgroups (no fair CPU share, no memory bound per sandbox): %s",
+                        self._cgroups.reason)
+        self._usage = _Usage(self)
 
     # -- construction helpers ----------------------------------------------------------------
 
@@ -270,7 +295,8 @@ class LocalProvider:
                 args += ["--ro-bind", path, path]
         for src, dest in self._binds:
             args += ["--ro-bind", src, dest]
-        args += ["--proc", "/proc", "--dev", "/dev"]
+        args += mounts.mask_args(self._sites, self._packages, sized=self._sized_tmpfs, perms=self._tmpfs_perms)
+        args += ["--proc", "/proc", *mounts.proc_args(), "--dev", "/dev"]
         for dest, size, perms in (
             (self.work_dir, self._sizes["work"], "0755"),
             ("/tmp", self._sizes["tmp"], "1777"),
@@ -306,8 +332,18 @@ class LocalProvider:
             env[key] = str(value)
         return env
 
-    def _spawn_kwargs(self) -> dict:
-        return {"cwd": "/", "env": {}, "start_new_session": True, **self._drop}
+    def _spawn_kwargs(self, group: SandboxGroup | None = None) -> dict:
+        extra = {"preexec_fn": group.preexec()} if group is not None else {}
+        return {"cwd": "/", "env": {}, "start_new_session": True, **self._drop, **extra}
+
+    @property
+    def isolation_mode(self) -> str:
+        """``cgroup-v2``, ``cgroup-v1`` or ``none``: what bounds each sandbox's share of the machine."""
+        return self._cgroups.mode
+
+    def usage(self) -> dict[str, float | str]:
+        """Per-step metrics: the isolation mode and the CPU seconds sandboxes used since the last call."""
+        return self._usage.read()
 
     def _probe(self) -> str:
         """Start one container now, so that a broken setup is a ConfigError at construction."""
@@ -360,6 +396,7 @@ class LocalProvider:
                 stacklevel=2,
             )
         sandbox_id = "local-" + uuid.uuid4().hex[:12]
+        group = self._group(sandbox_id, spec)
         args, fds = self._args(self._env(spec.env), [self._python, "-s", SUPERVISOR_PATH])
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -369,14 +406,19 @@ class LocalProvider:
                 stderr=asyncio.subprocess.PIPE,
                 pass_fds=fds,
                 limit=1 << 20,
-                **self._spawn_kwargs(),
+                **self._spawn_kwargs(group),
             )
-        except OSError as exc:
+        except (OSError, subprocess.SubprocessError) as exc:
+            if group is not None:
+                await group.remove()
             raise InfraError(f"cannot start bubblewrap: {exc}") from exc
         finally:
             for fd in fds:
                 os.close(fd)
+            if group is not None:
+                group.close_fds()
         sandbox = LocalSandbox(self, sandbox_id, spec, proc)
+        sandbox.group = group
         self._sandboxes[sandbox_id] = sandbox
         limits = spec.limits
         config = {
@@ -392,15 +434,40 @@ class LocalProvider:
             "python_names": [self._python],
             "preload": list(self._preload),
             "cache_bytes": self._cache_bytes,
+            # "cgroup": the sandbox's memory cgroup bounds what shm/memfd can pin; "deny": nothing
+            # does, so the supervisor refuses those calls.
+            "memory_mode": "cgroup" if group is not None and self._cgroups.memory else "deny",
             **self._supervisor_options,
         }
         try:
             await sandbox._start(config, self._start_timeout)
         except BaseException:
             self._sandboxes.pop(sandbox_id, None)
-            await asyncio.shield(sandbox._stop("its start failed"))
+            await asyncio.shield(self._retire(sandbox, "its start failed"))
             raise
         return sandbox
+
+    def _group(self, sandbox_id: str, spec: SandboxSpec) -> SandboxGroup | None:
+        """The sandbox's cgroup: ``SandboxSpec.memory_mb`` for everything it holds, a process cap."""
+        if not self._cgroups.version:
+            return None
+        try:
+            return self._cgroups.create(
+                sandbox_id,
+                memory_bytes=int(spec.memory_mb) << 20,
+                max_pids=int(spec.limits.max_processes) + PID_HEADROOM,
+            )
+        except OSError as exc:
+            raise InfraError(f"cannot create the cgroup of sandbox {sandbox_id}: {exc}") from exc
+
+    async def _retire(self, sandbox: LocalSandbox, reason: str) -> None:
+        """Stop a sandbox, then remove its cgroup (once its processes are gone)."""
+        self._usage.retire(sandbox)
+        try:
+            await sandbox._stop(reason)
+        finally:
+            if sandbox.group is not None:
+                await sandbox.group.remove()
 
     async def list(self, tags: Mapping[str, str]) -> list[SandboxInfo]:
         return [
@@ -412,13 +479,14 @@ class LocalProvider:
     async def destroy(self, sandbox_id: str) -> None:
         sandbox = self._sandboxes.pop(sandbox_id, None)
         if sandbox is not None:
-            await sandbox._stop("destroyed")
+            await self._retire(sandbox, "destroyed")
 
     async def aclose(self) -> None:
         self._closed = True
         sandboxes = list(self._sandboxes.values())
         self._sandboxes.clear()
-        await asyncio.gather(*(s._stop("the provider was closed") for s in sandboxes), return_exceptions=True)
+        await asyncio.gather(*(self._retire(s, "the provider was closed") for s in sandboxes), return_exceptions=True)
+        await self._cgroups.close()
 
     def __repr__(self) -> str:
         return f"LocalProvider(python={self._python!r}, bwrap={self._bwrap!r}, sandboxes={len(self._sandboxes)})"
@@ -435,6 +503,7 @@ class LocalSandbox:
         self.python_version = ""
         self._provider = provider
         self._proc = proc
+        self.group: SandboxGroup | None = None
         self._reader: asyncio.StreamReader = proc.stdout
         self._writer: asyncio.StreamWriter = proc.stdin
         self._lock = asyncio.Lock()
