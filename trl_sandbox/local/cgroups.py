@@ -42,114 +42,25 @@ import uuid
 from collections.abc import Callable
 
 from ..sandbox import ConfigError
+from .cgroup_detect import V2_CONTROLLERS, Unavailable, detect_v1, detect_v2, read_text, write_text
 
 log = logging.getLogger(__name__)
 
 PREFIX = "trl-sandbox-"  # run directories: trl-sandbox-<pid>-<uuid>
 MODES = ("auto", "off", "v1", "v2")
 PID_HEADROOM = 16  # bwrap, the supervisor and its helpers, on top of the programs' own cap
-V1_CONTROLLERS = ("cpu", "cpuacct", "memory", "pids")
-V2_CONTROLLERS = ("cpu", "memory", "pids")
 
 
-def _write(path: str, value: str) -> None:
-    with open(path, "w") as f:
-        f.write(value)
+_warned = False
 
 
-def _read(path: str) -> str:
-    with open(path) as f:
-        return f.read()
-
-
-def _mounts() -> list[tuple[str, str, str, str]]:
-    """(mount point, root inside the hierarchy, fs type, super options) of every cgroup mount."""
-    out = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            fields, tail = left.split(), right.split()
-            if len(tail) >= 3 and tail[0] in ("cgroup", "cgroup2"):
-                out.append((fields[4].replace("\\040", " "), fields[3], tail[0], tail[2]))
-    return out
-
-
-def _own_groups() -> dict[str, str]:
-    """Hierarchy key (``"0"`` for v2, else the comma-joined controllers) -> this process's group."""
-    out = {}
-    with open("/proc/self/cgroup") as f:
-        for line in f:
-            num, controllers, path = line.rstrip("\n").split(":", 2)
-            out["0" if num == "0" and not controllers else controllers] = path
-    return out
-
-
-def _join(mount: str, root: str, path: str) -> str | None:
-    """The directory of group ``path`` under a mount of the hierarchy at ``root``; None if outside it."""
-    if root != "/" and not (path == root or path.startswith(root.rstrip("/") + "/")):
-        return None
-    rel = path[len(root):] if root != "/" else path
-    full = os.path.normpath(mount + "/" + rel.lstrip("/"))
-    return full if os.path.isdir(full) else None
-
-
-class Unavailable(Exception):
-    """This kind of cgroup cannot be used here; the message says why and what would change it."""
-
-
-def _detect_v1() -> dict[str, str]:
-    """Controller -> base directory for the v1 controllers we can write to."""
-    own = _own_groups()
-    found: dict[str, str] = {}
-    for mount, root, fstype, opts in _mounts():
-        if fstype != "cgroup":
-            continue
-        names = set(opts.split(","))
-        for controller in V1_CONTROLLERS:
-            if controller in names and controller not in found:
-                key = next((k for k in own if controller in k.split(",")), None)
-                base = _join(mount, root, own[key]) if key else None
-                if base:
-                    found[controller] = base
-    missing = [c for c in ("cpu", "pids") if c not in found]
-    if missing:
-        raise Unavailable(f"the cgroup v1 controller(s) {', '.join(missing)} are not mounted")
-    for controller, base in found.items():
-        if not os.access(base, os.W_OK):
-            raise Unavailable(f"{base} (cgroup v1 {controller}) is not writable: run the trainer as root")
-    return found
-
-
-def _detect_v2() -> str:
-    own = _own_groups().get("0")
-    mount = next(((m, r) for m, r, fstype, _ in _mounts() if fstype == "cgroup2"), None)
-    if own is None or mount is None:
-        raise Unavailable("cgroup v2 is not mounted")
-    base = _join(mount[0], mount[1], own)
-    if base is None:
-        raise Unavailable(f"this process's cgroup v2 group {own!r} is not visible under {mount[0]}")
-    available = set(_read(os.path.join(base, "cgroup.controllers")).split())
-    missing = [c for c in V2_CONTROLLERS if c not in available]
-    if missing:
-        raise Unavailable(
-            f"cgroup v2 group {base} does not offer the controller(s) {', '.join(missing)} "
-            "(bound to cgroup v1, or not delegated to this group)"
-        )
-    if not os.access(base, os.W_OK):
-        raise Unavailable(f"cgroup v2 group {base} is not writable (it is not delegated to this user)")
-    enabled = set(_read(os.path.join(base, "cgroup.subtree_control")).split())
-    todo = [c for c in V2_CONTROLLERS if c not in enabled]
-    if todo:
-        try:
-            _write(os.path.join(base, "cgroup.subtree_control"), " ".join("+" + c for c in todo))
-        except OSError as exc:
-            raise Unavailable(
-                f"cannot enable {', '.join(todo)} for the children of cgroup v2 group {base} ({exc.strerror}): "
-                "a non-root group that holds processes cannot delegate controllers; start the trainer in a "
-                "leaf of a delegated subtree whose parent has them enabled, e.g. under `systemd-run "
-                "--scope -p Delegate=yes`, after moving the process into a child group"
-            ) from None
-    return base
+def _warn_once(reason: str) -> None:
+    """Say once per process that sandboxes run unbounded; the metrics say it every step."""
+    global _warned
+    if not _warned:
+        _warned = True
+        log.warning("local sandboxes run without cgroups (no fair CPU share, no memory bound per sandbox): %s",
+                    reason)
 
 
 def _alive(pid: int) -> bool:
@@ -170,6 +81,10 @@ class SandboxGroup:
         self.name = name
         self.dirs = dirs
         self._fds: list[int] = []
+        memory = owner.bases.get("memory")
+        name = "memory.events" if owner.version == 2 else "memory.oom_control"
+        self._oom_file = next((os.path.join(d, name) for d in dirs if memory and d.startswith(memory + "/")), None)
+        self._oom_seen = 0
 
     def preexec(self) -> Callable[[], None]:
         """A ``preexec_fn`` that puts the forked child into this group before it execs bwrap.
@@ -193,11 +108,25 @@ class SandboxGroup:
             os.close(fd)
         self._fds = []
 
+    def new_oom_kills(self) -> bool:
+        """Whether the kernel's OOM killer struck inside this group since the last call."""
+        if self._oom_file is None:
+            return False
+        try:
+            for line in read_text(self._oom_file).splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    seen, self._oom_seen = self._oom_seen, int(value)
+                    return self._oom_seen > seen
+        except (OSError, ValueError):
+            pass
+        return False
+
     def pids(self) -> set[int]:
         found: set[int] = set()
         for d in self.dirs:
             try:
-                found.update(int(p) for p in _read(os.path.join(d, "cgroup.procs")).split())
+                found.update(int(p) for p in read_text(os.path.join(d, "cgroup.procs")).split())
             except OSError:
                 pass
         return found
@@ -232,11 +161,11 @@ class Cgroups:
             for kind in tried:
                 try:
                     if kind == "v2":
-                        base = _detect_v2()
+                        base = detect_v2()
                         self.bases = {c: base for c in V2_CONTROLLERS}
                         self.version = 2
                     else:
-                        self.bases = _detect_v1()
+                        self.bases = detect_v1()
                         self.version = 1
                     break
                 except (Unavailable, OSError) as exc:
@@ -248,6 +177,8 @@ class Cgroups:
                         f"local provider setting cgroups={setting!r}, but {self.reason}. Use cgroups='auto' "
                         "(the best available) or cgroups='off'"
                     )
+        if not self.version and setting == "auto":
+            _warn_once(self.reason)
         self.run = f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.run_dirs: list[str] = []
         self._live: set[str] = set()
@@ -260,6 +191,7 @@ class Cgroups:
                 if setting != "auto":
                     raise ConfigError(f"local provider setting cgroups={setting!r}, but {self.reason}") from None
                 self.version, self.bases, self.run_dirs = 0, {}, []
+                _warn_once(self.reason)
 
     # -- what the provider asks --------------------------------------------------------------------
 
@@ -290,9 +222,9 @@ class Cgroups:
             return
         n = max(1, sandboxes)
         if self.version == 2:
-            _write(cpu + "/cpu.weight", str(min(10000, 100 * n)))
+            write_text(cpu + "/cpu.weight", str(min(10000, 100 * n)))
         else:
-            _write(cpu + "/cpu.shares", str(min(262144, 1024 * n)))
+            write_text(cpu + "/cpu.shares", str(min(262144, 1024 * n)))
 
     def create(self, sandbox_id: str, *, memory_bytes: int, max_pids: int) -> SandboxGroup:
         """A group for one sandbox: equal CPU weight, ``pids.max``, and the memory limit."""
@@ -305,18 +237,18 @@ class Cgroups:
             for controller, base in self.bases.items():
                 path = os.path.join(base, self.run, sandbox_id)
                 if controller == "cpu":
-                    _write(path + ("/cpu.weight" if self.version == 2 else "/cpu.shares"),
+                    write_text(path + ("/cpu.weight" if self.version == 2 else "/cpu.shares"),
                            "100" if self.version == 2 else "1024")
                 elif controller == "pids":
-                    _write(path + "/pids.max", str(max_pids))
+                    write_text(path + "/pids.max", str(max_pids))
                 elif controller == "memory" and self.version == 2:
-                    _write(path + "/memory.max", str(memory_bytes))
+                    write_text(path + "/memory.max", str(memory_bytes))
                     if os.path.exists(path + "/memory.swap.max"):
-                        _write(path + "/memory.swap.max", "0")
+                        write_text(path + "/memory.swap.max", "0")
                 elif controller == "memory":
-                    _write(path + "/memory.limit_in_bytes", str(memory_bytes))
+                    write_text(path + "/memory.limit_in_bytes", str(memory_bytes))
                     if os.path.exists(path + "/memory.memsw.limit_in_bytes"):
-                        _write(path + "/memory.memsw.limit_in_bytes", str(memory_bytes))
+                        write_text(path + "/memory.memsw.limit_in_bytes", str(memory_bytes))
             self._live.add(sandbox_id)
             self._weigh(len(self._live))
         except OSError:
@@ -334,14 +266,14 @@ class Cgroups:
             cpu = next((d for d in dirs if d.startswith(self.bases["cpu"] + "/")), None)
             if cpu is None:
                 return None
-            for line in _read(cpu + "/cpu.stat").splitlines():
+            for line in read_text(cpu + "/cpu.stat").splitlines():
                 key, _, value = line.partition(" ")
                 if key == "usage_usec":
                     return int(value) / 1e6
             return None
         base = self.bases.get("cpuacct")
         acct = next((d for d in dirs if base and d.startswith(base + "/")), None)
-        return int(_read(acct + "/cpuacct.usage")) / 1e9 if acct else None
+        return int(read_text(acct + "/cpuacct.usage")) / 1e9 if acct else None
 
     async def close(self, timeout: float = 5.0) -> None:
         """Remove the run's groups (the sandboxes' groups first)."""
@@ -397,10 +329,10 @@ class Cgroups:
 
 
 def _enable_v2(path: str) -> None:
-    enabled = set(_read(path + "/cgroup.subtree_control").split())
+    enabled = set(read_text(path + "/cgroup.subtree_control").split())
     todo = [c for c in V2_CONTROLLERS if c not in enabled]
     if todo:
-        _write(path + "/cgroup.subtree_control", " ".join("+" + c for c in todo))
+        write_text(path + "/cgroup.subtree_control", " ".join("+" + c for c in todo))
 
 
 def _children(path: str) -> list[str]:
@@ -414,12 +346,12 @@ def _kill_members(path: str, version: int) -> None:
     """SIGKILL every process still in the group (v2 has ``cgroup.kill`` for exactly this)."""
     if version == 2 and os.path.exists(path + "/cgroup.kill"):
         try:
-            _write(path + "/cgroup.kill", "1")
+            write_text(path + "/cgroup.kill", "1")
         except OSError:
             pass
         return
     try:
-        pids = [int(p) for p in _read(path + "/cgroup.procs").split()]
+        pids = [int(p) for p in read_text(path + "/cgroup.procs").split()]
     except OSError:
         return
     for pid in pids:

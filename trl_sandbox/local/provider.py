@@ -251,9 +251,6 @@ class LocalProvider:
         self._sandboxes: dict[str, LocalSandbox] = {}
         self._closed = False
         self._cgroups = Cgroups(cgroups)  # after the probe: a broken setup leaves no groups behind
-        if not self._cgroups.version and str(cgroups).lower() != "off":
-            log.warning("local sandboxes run without cgroups (no fair CPU share, no memory bound per sandbox): %s",
-                        self._cgroups.reason)
         self._usage = _Usage(self)
 
     # -- construction helpers ----------------------------------------------------------------
@@ -682,10 +679,13 @@ class LocalSandbox:
             except _Died as exc:
                 if exc.by_host:
                     raise InfraError(f"sandbox {self.id} was stopped during an exec: {exc}") from None
+                oom = self.group is not None and self.group.new_oom_kills()
                 return ExecResult(
                     exit_code=None,
-                    stderr=f"trl-sandbox: the sandbox died during this execution ({exc})\n",
+                    stderr=f"trl-sandbox: the sandbox died during this execution ({exc})"
+                    + ("; its memory cgroup ran out of memory" if oom else "") + "\n",
                     timed_out=exc.hung,
+                    oom_killed=oom,
                     duration_s=time.monotonic() - started,
                 )
         if kind != _proto.K_RESULT:
@@ -696,7 +696,10 @@ class LocalSandbox:
             stdout=out.decode("utf-8", "replace"),
             stderr=err.decode("utf-8", "replace"),
             timed_out=bool(flags & _proto.F_TIMED_OUT),
-            oom_killed=bool(flags & _proto.F_OOM),
+            # Killed by the kernel because the sandbox's memory cgroup was full: the same verdict
+            # as a MemoryError. One small read per exec keeps the baseline current.
+            oom_killed=bool(flags & _proto.F_OOM) or (self.group is not None and self.group.new_oom_kills()
+                                                      and code == -signal.SIGKILL),
             truncated=bool(flags & _proto.F_TRUNCATED),
             duration_s=duration,
         )
