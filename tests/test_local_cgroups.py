@@ -67,6 +67,9 @@ def test_every_process_of_a_sandbox_is_in_its_group_with_the_limits(host):
 
 def test_close_removes_the_run_groups():
     with local_host() as h:
+        cgroups = h.provider._cgroups
+        # Nothing exists until the first sandbox (a provider built only to list or reap leaves nothing).
+        assert not any(os.path.exists(os.path.join(b, cgroups.run)) for b in cgroups.bases.values())
         box = h.create()
         dirs = list(h.provider._cgroups.run_dirs)
         assert dirs and all(os.path.isdir(os.path.join(d, box.id)) for d in dirs)

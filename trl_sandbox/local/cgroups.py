@@ -185,7 +185,11 @@ class Cgroups:
         if self.version:
             self.reap_stale()
             try:
+                # A trial run: creating groups must work now, or the setting is refused now. The
+                # run's groups are made again with the first sandbox, so a provider that never
+                # creates one (``trl-sandbox ls``, a trainer that never trains) leaves nothing.
                 self._make_run_dirs()
+                self._remove_run_dirs()
             except OSError as exc:
                 self.reason = f"creating {self.run} failed: {exc}"
                 if setting != "auto":
@@ -207,13 +211,19 @@ class Cgroups:
         return sorted(set(self.bases.values()))
 
     def _make_run_dirs(self) -> None:
-        for base in self._dirs():
-            run = os.path.join(base, self.run)
-            os.mkdir(run)
-            self.run_dirs.append(run)
-            if self.version == 2:
-                _enable_v2(run)
-        self._weigh(0)
+        try:
+            for base in self._dirs():
+                run = os.path.join(base, self.run)
+                os.mkdir(run)
+                self.run_dirs.append(run)
+                if self.version == 2:
+                    _enable_v2(run)
+            self._weigh(0)
+        except OSError:
+            for run in self.run_dirs:
+                _rmdir_quiet(run)
+            self.run_dirs = []
+            raise
 
     def _weigh(self, sandboxes: int) -> None:
         """The run's CPU weight: one default weight per live sandbox (at least one)."""
@@ -226,8 +236,15 @@ class Cgroups:
         else:
             write_text(cpu + "/cpu.shares", str(min(262144, 1024 * n)))
 
+    def _remove_run_dirs(self) -> None:
+        for run in self.run_dirs:
+            os.rmdir(run)
+        self.run_dirs = []
+
     def create(self, sandbox_id: str, *, memory_bytes: int, max_pids: int) -> SandboxGroup:
         """A group for one sandbox: equal CPU weight, ``pids.max``, and the memory limit."""
+        if not self.run_dirs:
+            self._make_run_dirs()
         dirs = []
         try:
             for run in self.run_dirs:
@@ -258,8 +275,9 @@ class Cgroups:
         return SandboxGroup(self, sandbox_id, dirs)
 
     def cpu_seconds(self) -> float | None:
-        """CPU seconds used by every sandbox of this run so far, removed ones included."""
-        return self._cpu_of(self.run_dirs)
+        """CPU seconds used by every sandbox of this run so far, removed ones included (its groups
+        are made with the first sandbox and removed by ``close``: the count restarts from 0 then)."""
+        return self._cpu_of(self.run_dirs) if self.run_dirs else 0.0
 
     def _cpu_of(self, dirs: list[str]) -> float | None:
         if self.version == 2:

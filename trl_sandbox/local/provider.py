@@ -393,9 +393,10 @@ class LocalProvider:
                 stacklevel=2,
             )
         sandbox_id = "local-" + uuid.uuid4().hex[:12]
-        group = self._group(sandbox_id, spec)
         args, fds = self._args(self._env(spec.env), [self._python, "-s", SUPERVISOR_PATH])
+        group = None
         try:
+            group = self._group(sandbox_id, spec)
             proc = await asyncio.create_subprocess_exec(
                 *args,
                 stdin=asyncio.subprocess.PIPE,
@@ -405,10 +406,12 @@ class LocalProvider:
                 limit=1 << 20,
                 **self._spawn_kwargs(group),
             )
-        except (OSError, subprocess.SubprocessError) as exc:
+        except BaseException as exc:
             if group is not None:
-                await group.remove()
-            raise InfraError(f"cannot start bubblewrap: {exc}") from exc
+                await asyncio.shield(group.remove())
+            if isinstance(exc, (OSError, subprocess.SubprocessError)):
+                raise InfraError(f"cannot start bubblewrap: {exc}") from exc
+            raise
         finally:
             for fd in fds:
                 os.close(fd)
@@ -459,7 +462,10 @@ class LocalProvider:
 
     async def _retire(self, sandbox: LocalSandbox, reason: str) -> None:
         """Stop a sandbox, then remove its cgroup (once its processes are gone)."""
-        self._usage.retire(sandbox)
+        try:
+            self._usage.retire(sandbox)
+        except Exception as exc:  # a metric must never keep a sandbox alive
+            log.warning("reading the CPU use of sandbox %s failed: %r", sandbox.id, exc)
         try:
             await sandbox._stop(reason)
         finally:
