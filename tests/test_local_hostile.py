@@ -19,7 +19,7 @@ LIMITS = {"memory_mb": 256, "max_processes": 32, "file_size_mb": 8, "output_byte
 
 @pytest.fixture(scope="module")
 def host():
-    with local_host(work_size_mb=32, tmp_size_mb=16, shm_size_mb=4) as h:
+    with local_host(work_size_mb=32, tmp_size_mb=16, shm_size_mb=4, memory_mode="deny") as h:
         yield h
 
 

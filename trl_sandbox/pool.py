@@ -267,6 +267,28 @@ class SandboxPool:
         with self._stats_lock:
             return self.stats.drain()
 
+    def provider_usage(self) -> dict[str, float | str]:
+        """What the provider reports about its use of the machine since the last call, if anything.
+
+        A provider may offer ``usage() -> dict`` (the local one: ``sandbox/isolation_mode`` and
+        ``sandbox/cpu_s``); remote providers need nothing. Read on the pool's loop, where the
+        provider's state changes; a failure is logged and reads as no data, never an error.
+        """
+        usage = getattr(self.provider, "usage", None)
+        if usage is None:
+            return {}
+
+        async def read() -> dict[str, float | str]:
+            return dict(usage())
+
+        try:
+            if self._loop is not None and self._loop.alive and not self._loop.in_loop():
+                return self._loop.run(read(), timeout=10)
+            return dict(usage())
+        except Exception as exc:  # metrics must never stop training
+            log.warning("reading the provider's usage failed: %r", exc)
+            return {}
+
     def _count(self, key: str, n: int = 1) -> None:
         with self._stats_lock:
             self.stats.counts[key] += n

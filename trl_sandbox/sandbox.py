@@ -59,6 +59,15 @@ class ResourceLimits:
     open_files: int = 256
     output_bytes: int = 16 * 1024 * 1024  # per stream
 
+    def __post_init__(self) -> None:
+        # A zero or negative budget would make every program a timeout (or unbounded, for rlimits
+        # that read 0 as "none"): say which field to change, at construction.
+        for name, minimum in (("cpu_seconds", 0), ("memory_mb", 0), ("max_processes", 0), ("file_size_mb", 0),
+                              ("open_files", 0), ("output_bytes", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > minimum:
+                raise ConfigError(f"ResourceLimits.{name}={value!r}: it must be a positive number")
+
 
 @dataclass(frozen=True)
 class SandboxSpec:
@@ -76,6 +85,10 @@ class SandboxSpec:
     def __post_init__(self) -> None:
         if not self.lifetime_s or self.lifetime_s <= 0:
             raise ConfigError("SandboxSpec.lifetime_s must be a positive number of seconds (it is always finite)")
+        for name in ("cpus", "memory_mb"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ConfigError(f"SandboxSpec.{name}={value!r}: it must be a positive number")
 
 
 @dataclass(frozen=True)

@@ -20,12 +20,13 @@ FALSE = ("0", "false", "no", "off", "")
 
 
 def number(provider: str, name: str, value: Any, kind: type = float, minimum: float | None = None,
-           *, required: bool = False) -> Any:
+           *, required: bool = False, positive: bool = False) -> Any:
     """``value`` as a ``kind`` (``int`` or ``float``), at least ``minimum`` when given.
 
     ``None`` and ``""`` (an empty ``--setting name=``) mean "not set" and give ``None``, unless
     ``required``: then they are an error like any other non-number. For ``int``, the value goes
-    through ``float`` first so that ``"2.0"`` and ``2.0`` are accepted (and truncated).
+    through ``float`` first so that ``"2.0"`` and ``2.0`` are accepted (and truncated). ``positive``:
+    the value must be above zero (sizes, timeouts, budgets: zero would disable or break them).
     Raises ``ConfigError`` naming ``provider`` and the setting ``name``.
     """
     if (value is None or value == "") and not required:
@@ -34,6 +35,8 @@ def number(provider: str, name: str, value: Any, kind: type = float, minimum: fl
         result = kind(float(value)) if kind is int else kind(value)
     except (TypeError, ValueError, OverflowError):
         raise ConfigError(f"{provider} provider setting {name}={value!r} must be a number") from None
+    if positive and not result > 0:
+        raise ConfigError(f"{provider} provider setting {name}={value!r} must be a positive number")
     if minimum is not None and result < minimum:
         raise ConfigError(f"{provider} provider setting {name}={value!r} must be at least {minimum}")
     return result

@@ -189,10 +189,14 @@ class SandboxGRPOConfig(GRPOConfig):
             raise ConfigError("sandbox_timeout must be a positive number of seconds")
         if not self.sandbox_lifetime_s or self.sandbox_lifetime_s <= 0:
             raise ConfigError("sandbox_lifetime_s must be a positive number of seconds (it is always finite)")
-        if self.sandbox_cpu_seconds is not None and self.sandbox_cpu_seconds <= 0:
-            raise ConfigError("sandbox_cpu_seconds must be a positive number of seconds (or unset)")
-        if self.sandbox_reward_deadline_s is not None and self.sandbox_reward_deadline_s <= 0:
-            raise ConfigError("sandbox_reward_deadline_s must be a positive number of seconds (or unset)")
+        # Budgets: 0 or less would fail every program (or, for some rlimits, mean "unlimited").
+        for name in ("sandbox_max_attempts", "sandbox_memory_mb", "sandbox_max_processes", "sandbox_file_size_mb", "sandbox_output_bytes"):
+            if getattr(self, name) is None or getattr(self, name) <= 0:
+                raise ConfigError(f"{name}={getattr(self, name)!r}: set it to a positive number")
+        for name in ("sandbox_cpu_seconds", "sandbox_reward_deadline_s"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ConfigError(f"{name}={value!r}: set it to a positive number of seconds (or leave it unset)")
         get_scheme(self.sandbox_reward_scheme)  # an unknown scheme fails here, not at the first step
 
     def sandbox_spec(self) -> SandboxSpec:
@@ -243,6 +247,7 @@ class SandboxLifecycleCallback(TrainerCallback):
         self.trainer = trainer
         self._step_t0: float | None = None
         self._reward_s0 = 0.0
+        self._isolation_mode: str | None = None
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.trainer.start_sandboxes()
@@ -259,12 +264,29 @@ class SandboxLifecycleCallback(TrainerCallback):
         metrics = self.trainer._metrics["train"]
         if step_s > 0:
             metrics["sandbox/reward_time_share"].append(min(1.0, reward_s / step_s))
+        self._log_usage(metrics, step_s)
         # Episodes of SandboxEnvironment are scored through TRL's get_reward, which passes no log_metric.
         episodes = self.trainer.sandbox_episodes.drain()
         if episodes:
             for status in STATUSES:
                 metrics[f"sandbox/{status}"].append(float(episodes[status]))
             metrics["sandbox/pass_rate"].append(episodes["passed"] / sum(episodes.values()))
+
+    def _log_usage(self, metrics, step_s: float) -> None:
+        """The sandboxes' CPU seconds this step, and the cores they kept busy on average: when
+        rewards compete with generation for cores, this is where it shows. The isolation mode is a
+        string, which TRL's averaged metrics cannot hold: it goes to ``metrics.jsonl``, and
+        ``sandbox/cgroups`` (1 or 0) to every tracker."""
+        usage = self.trainer.sandbox_pool.provider_usage()
+        mode = usage.get("sandbox/isolation_mode")
+        if isinstance(mode, str):
+            self._isolation_mode = mode
+            metrics["sandbox/cgroups"].append(1.0 if mode.startswith("cgroup") else 0.0)
+        cpu = usage.get("sandbox/cpu_s")
+        if isinstance(cpu, (int, float)):
+            metrics["sandbox/cpu_s"].append(float(cpu))
+            if step_s > 0:
+                metrics["sandbox/cpu_cores"].append(float(cpu) / step_s)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         name = getattr(args, "sandbox_metrics_file", "metrics.jsonl")
@@ -273,6 +295,8 @@ class SandboxLifecycleCallback(TrainerCallback):
         path = Path(args.output_dir) / name
         path.parent.mkdir(parents=True, exist_ok=True)
         record = {"step": state.global_step, "time": time.time(), **logs}
+        if self._isolation_mode is not None:
+            record["sandbox/isolation_mode"] = self._isolation_mode
         with path.open("a") as fh:
             fh.write(json.dumps(record, default=float) + "\n")
 

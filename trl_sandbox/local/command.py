@@ -17,8 +17,13 @@ import re
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..sandbox import ConfigError
+from . import mounts
+
+if TYPE_CHECKING:
+    from .cgroups import SandboxGroup
 
 SUPERVISOR_DIR = Path(__file__).with_name("supervisor")
 # Inside the sandbox: the package under a name no program's module shadows, and its entry script.
@@ -84,9 +89,12 @@ class Command:
     """Builds bwrap command lines for one provider's settings."""
 
     def __init__(self, bwrap: str, binds: Sequence[tuple[str, str]], sizes: Mapping[str, int], sandbox_uid: int,
-                 drop: Mapping, work_dir: str) -> None:
+                 drop: Mapping, work_dir: str, sites: Sequence[tuple[str, str]] = (),
+                 packages: Sequence[tuple[str, str]] = ()) -> None:
         self.bwrap = bwrap
         self.binds = list(binds)
+        self.sites = list(sites)  # the interpreter's site directories: empty inside (mounts.py)
+        self.packages = list(packages)  # the packages bound back into them
         self.sizes = dict(sizes)
         self.uid = sandbox_uid
         self.drop = dict(drop)
@@ -130,7 +138,8 @@ class Command:
                 args += ["--ro-bind", path, path]
         for src, dest in self.binds:
             args += ["--ro-bind", src, dest]
-        args += ["--proc", "/proc", "--dev", "/dev"]
+        args += mounts.mask_args(self.sites, self.packages, sized=self.version >= (0, 7), perms=self.tmpfs_perms)
+        args += ["--proc", "/proc", *mounts.proc_args(), "--dev", "/dev"]
         # Mount points only: the supervisor mounts the size-capped tmpfs that programs use on top.
         for dest, perms in ((self.work_dir, "0755"), ("/tmp", "1777"), ("/dev/shm", "1777")):
             if self.tmpfs_perms:
@@ -161,8 +170,10 @@ class Command:
             env[key] = str(value)
         return env
 
-    def spawn_kwargs(self) -> dict:
-        return {"cwd": "/", "env": {}, "start_new_session": True, **self.drop}
+    def spawn_kwargs(self, group: SandboxGroup | None = None) -> dict:
+        """How bwrap is started; with ``group``, inside that cgroup before it execs."""
+        extra = {"preexec_fn": group.preexec()} if group is not None else {}
+        return {"cwd": "/", "env": {}, "start_new_session": True, **self.drop, **extra}
 
     def probe(self, python: str) -> str:
         """Start one container now and try every kernel feature a sandbox needs (``--probe`` of

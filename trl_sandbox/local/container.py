@@ -21,6 +21,7 @@ from ..sandbox import ExecResult, InfraError, SandboxSpec, exec_arguments
 from .supervisor import protocol as _proto
 
 if TYPE_CHECKING:
+    from .cgroups import SandboxGroup
     from .provider import LocalProvider
 
 log = logging.getLogger("trl_sandbox.local.provider")
@@ -73,6 +74,7 @@ class LocalSandbox:
         except (AttributeError, OSError):
             self._pidfd = None
         self._stderr_tail = bytearray()
+        self.group: SandboxGroup | None = None  # its cgroup, set by the provider
         self._drain = asyncio.get_running_loop().create_task(self._drain_stderr())
 
     async def _drain_stderr(self) -> None:
@@ -253,10 +255,13 @@ class LocalSandbox:
             except _Died as exc:
                 if exc.by_host:
                     raise InfraError(f"sandbox {self.id} was stopped during an exec: {exc}") from None
+                oom = self.group is not None and self.group.new_oom_kills()
                 return ExecResult(
                     exit_code=None,
-                    stderr=f"trl-sandbox: the sandbox died during this execution ({exc})\n",
+                    stderr=f"trl-sandbox: the sandbox died during this execution ({exc})"
+                    + ("; its memory cgroup ran out of memory" if oom else "") + "\n",
                     timed_out=exc.hung,
+                    oom_killed=oom,
                     duration_s=time.monotonic() - started,
                 )
         if kind != _proto.K_RESULT:
@@ -267,7 +272,10 @@ class LocalSandbox:
             stdout=out.decode("utf-8", "replace"),
             stderr=err.decode("utf-8", "replace"),
             timed_out=bool(flags & _proto.F_TIMED_OUT),
-            oom_killed=bool(flags & _proto.F_OOM),
+            # Killed by the kernel because the sandbox's memory cgroup was full: the same verdict
+            # as a MemoryError. One small read per exec keeps the baseline current.
+            oom_killed=bool(flags & _proto.F_OOM) or (self.group is not None and self.group.new_oom_kills()
+                                                      and code == -signal.SIGKILL),
             truncated=bool(flags & _proto.F_TRUNCATED),
             duration_s=duration,
         )

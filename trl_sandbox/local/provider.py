@@ -51,24 +51,48 @@ capped too) plus ``memory_mb`` of address space per process times ``max_processe
 itself (about 20 MB RSS) and kernel buffers of the program's pipes and sockets (bounded by
 ``open_files`` per process, charged only by a memory cgroup). ``memory_mode="cgroup"`` allows the
 refused calls (each exec then gets an IPC namespace of its own, and POSIX queues are capped at
-800 KiB by RLIMIT_MSGQUEUE), for a setup where a memory cgroup charges them.
-``SandboxSpec.cpus`` and ``SandboxSpec.memory_mb`` are not enforced (no cgroups). Every sandbox
-process has ``oom_score_adj=1000``, so the host's OOM killer picks sandboxed code first.
+800 KiB by RLIMIT_MSGQUEUE), for a setup where a memory cgroup charges them; ``"auto"`` (the
+default) picks ``"cgroup"`` exactly when the sandbox has a memory cgroup of its own.
+
+* Cgroups (``cgroups.py``; provider setting ``cgroups="auto"|"v1"|"v2"|"off"``): where the kernel
+  lets us (root with the v1 controllers, or a delegated v2 subtree), every sandbox has its own group
+  from before bwrap execs: the same CPU weight as every other sandbox however many processes it
+  starts, ``pids.max`` = ``ResourceLimits.max_processes`` + 16, and a memory limit of
+  ``SandboxSpec.memory_mb`` (swap included) over everything the sandbox holds: the supervisor, its
+  programs, and what they pin outside their address space (tmpfs files, SysV/POSIX shm, memfd). A
+  program that hits it is killed by the kernel's OOM killer inside the group (``exit_code=-9``); if
+  the pages it pinned are mapped by no process, the victim may be the supervisor, and the sandbox
+  dies (the program's exec returns ``exit_code=None``; the pool replaces the sandbox). The supervisor
+  is told ``memory_mode="cgroup"`` then, else ``"deny"``. ``SandboxSpec.cpus`` is not enforced: the
+  groups share CPU by weight, not by quota. Without cgroups, only the per-process rlimits of
+  ``ResourceLimits`` and the tmpfs caps apply. Every sandbox process has ``oom_score_adj=1000``, so
+  the host's OOM killer picks sandboxed code first.
+* What it sees (``mounts.py``): the interpreter's standard library, not the host's site-packages
+  (each site directory is an empty read-only tmpfs; ``packages=[...]`` binds named top-level
+  packages back), and a /proc whose host-wide files (boot arguments, kernel symbols, keys, ...) are
+  covered.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
+import subprocess
 import uuid
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 
 from ..sandbox import Capabilities, ConfigError, InfraError, SandboxInfo, SandboxSpec
 from ..settings import number
+from . import mounts
+from .cgroups import PID_HEADROOM, Cgroups, SandboxGroup
 from .command import INSTALL_HINT, SCRATCH, SUPERVISOR_PATH, Command
 from .container import LocalSandbox
+from .usage import _Usage
+
+log = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_PRELOAD", "LocalProvider", "LocalSandbox"]
 
@@ -83,7 +107,7 @@ DEFAULT_PRELOAD = (
     "pickle", "random", "re", "signal", "statistics", "string", "struct", "sys", "textwrap", "time",
     "traceback", "types", "typing", "unicodedata", "warnings", "weakref",
 )
-MEMORY_MODES = ("deny", "cgroup")
+MEMORY_MODES = ("auto", "deny", "cgroup")
 
 
 class LocalProvider:
@@ -97,9 +121,12 @@ class LocalProvider:
     as root; ``None`` keeps root), ``max_concurrency``, ``start_timeout_s``, ``exec_grace_s``
     (how long past an exec's timeout the host waits before declaring the sandbox hung),
     ``compile_cache_mb`` (source size of the programs whose compiled code a sandbox keeps; code
-    takes about 3.5 times its source in memory) and ``memory_mode`` (``"deny"``: programs cannot
+    takes about 3.5 times its source in memory), ``memory_mode`` (``"deny"``: programs cannot
     pin memory outside their address space; ``"cgroup"``: they can, because a memory cgroup
-    charges it).
+    charges it; ``"auto"``: ``"cgroup"`` where the sandbox has a memory cgroup, else ``"deny"``),
+    ``cgroups`` (``auto``, ``v1``, ``v2`` or ``off``; a mode the kernel refuses is a
+    ``ConfigError``) and ``packages`` (top-level modules of the sandbox interpreter's site
+    directories to make visible, e.g. ``["numpy"]`` or ``"numpy,sympy"``).
     """
 
     name = "local"
@@ -121,7 +148,9 @@ class LocalProvider:
         start_timeout_s: float = 30.0,
         exec_grace_s: float = 5.0,
         compile_cache_mb: float = 1,
-        memory_mode: str = "deny",
+        memory_mode: str = "auto",
+        cgroups: str = "auto",
+        packages: Iterable[str] = (),
     ) -> None:
         found = shutil.which(bwrap)
         if not found:
@@ -137,27 +166,26 @@ class LocalProvider:
         binds: list[tuple[str, str]] = []
         for entry in extra_ro_binds:
             src, dest = (entry, entry) if isinstance(entry, str) else tuple(entry)
-            if not os.path.exists(src):
-                raise ConfigError(f"extra_ro_binds: {src!r} does not exist")
-            dest = os.path.normpath(dest)
-            if not os.path.isabs(dest) or any(dest == d or dest.startswith(d + "/") for d in SCRATCH):
-                raise ConfigError(f"extra_ro_binds: {dest!r} must be an absolute path outside {', '.join(SCRATCH)}")
-            binds.append((os.path.abspath(src), dest))
+            binds.append(mounts.check_bind(src, dest, SCRATCH))
         visible = ["/usr"] + [dest for _, dest in binds]
         if not any(python == v or python.startswith(v.rstrip("/") + "/") for v in visible):
             raise ConfigError(
                 f"the sandbox interpreter {python!r} is not inside the sandbox: only /usr and extra_ro_binds "
                 f"are mounted; add its installation prefix to extra_ro_binds"
             )
+        sites = mounts.site_dirs(python, binds)
+        if isinstance(packages, str):
+            packages = [p.strip() for p in packages.split(",") if p.strip()]  # --setting packages=numpy,sympy
+        package_binds = mounts.package_entries(packages, sites)
         sizes = {
-            "work": number("local", "work_size_mb", work_size_mb, int, required=True),
-            "tmp": number("local", "tmp_size_mb", tmp_size_mb, int, required=True),
-            "shm": number("local", "shm_size_mb", shm_size_mb, int, required=True),
+            "work": number("local", "work_size_mb", work_size_mb, int, required=True, positive=True),
+            "tmp": number("local", "tmp_size_mb", tmp_size_mb, int, required=True, positive=True),
+            "shm": number("local", "shm_size_mb", shm_size_mb, int, required=True, positive=True),
         }
         if memory_mode not in MEMORY_MODES:
             raise ConfigError(
-                f"provider setting memory_mode={memory_mode!r} must be 'deny' (programs cannot pin memory "
-                "outside their address space) or 'cgroup' (only where a memory cgroup charges it)"
+                f"provider setting memory_mode={memory_mode!r} must be 'auto' (the default), 'deny' (programs "
+                "cannot pin memory outside their address space) or 'cgroup' (only where a memory cgroup charges it)"
             )
         self._memory_mode = memory_mode
         self._preload = tuple(preload)
@@ -166,12 +194,12 @@ class LocalProvider:
         host_uid = number("local", "host_uid", host_uid, int)
         if os.geteuid() == 0 and host_uid is not None:
             drop = {"user": host_uid, "group": host_uid, "extra_groups": []}
-        self._start_timeout = number("local", "start_timeout_s", start_timeout_s, required=True)
-        self._grace = number("local", "exec_grace_s", exec_grace_s, required=True)
+        self._start_timeout = number("local", "start_timeout_s", start_timeout_s, required=True, positive=True)
+        self._grace = number("local", "exec_grace_s", exec_grace_s, required=True, positive=True)
         self._cache_bytes = int(number("local", "compile_cache_mb", compile_cache_mb, required=True) * (1 << 20))
         # Extra supervisor configuration; {"exit_watch": "sigchld"} forces the Python 3.8 code path.
         self._supervisor_options: dict = {}
-        self._command = Command(found, binds, sizes, uid, drop, self.work_dir)
+        self._command = Command(found, binds, sizes, uid, drop, self.work_dir, sites, package_binds)
         self.python_version = self._command.probe(python)
         cpus = os.cpu_count() or 1
         self.capabilities = Capabilities(
@@ -179,11 +207,22 @@ class LocalProvider:
             files=True,
             persistent_state=True,
             separate_stderr=True,
-            max_concurrency=number("local", "max_concurrency", max_concurrency, int) or max(4, 4 * cpus),
+            max_concurrency=number("local", "max_concurrency", max_concurrency, int, positive=True) or max(4, 4 * cpus),
             fast_python=True,
         )
         self._sandboxes: dict[str, LocalSandbox] = {}
         self._closed = False
+        self._cgroups = Cgroups(cgroups)  # after the probe: a broken setup leaves no groups behind
+        self._usage = _Usage(self)
+
+    @property
+    def isolation_mode(self) -> str:
+        """``cgroup-v2``, ``cgroup-v1`` or ``none``: what bounds each sandbox's share of the machine."""
+        return self._cgroups.mode
+
+    def usage(self) -> dict[str, float | str]:
+        """Per-step metrics: the isolation mode and the CPU seconds sandboxes used since the last call."""
+        return self._usage.read()
 
     # -- Provider API --------------------------------------------------------------------------
 
@@ -203,7 +242,9 @@ class LocalProvider:
         sandbox_id = "local-" + uuid.uuid4().hex[:12]
         command = self._command
         args, fds = command.args(command.env(spec.env), [self._python, "-s", SUPERVISOR_PATH])
+        group = None
         try:
+            group = self._group(sandbox_id, spec)
             proc = await asyncio.create_subprocess_exec(
                 *args,
                 stdin=asyncio.subprocess.PIPE,
@@ -211,20 +252,32 @@ class LocalProvider:
                 stderr=asyncio.subprocess.PIPE,
                 pass_fds=fds,
                 limit=1 << 20,
-                **command.spawn_kwargs(),
+                **command.spawn_kwargs(group),
             )
-        except OSError as exc:
-            raise InfraError(f"cannot start bubblewrap: {exc}") from exc
+        except BaseException as exc:
+            if group is not None:
+                await asyncio.shield(group.remove())
+            if isinstance(exc, (OSError, subprocess.SubprocessError)):
+                raise InfraError(f"cannot start bubblewrap: {exc}") from exc
+            raise
         finally:
             for fd in fds:
                 os.close(fd)
+            if group is not None:
+                group.close_fds()
         sandbox = LocalSandbox(self, sandbox_id, spec, proc)
+        sandbox.group = group
         self._sandboxes[sandbox_id] = sandbox
+        memory_mode = self._memory_mode
+        if memory_mode == "auto":
+            # "cgroup": the sandbox's memory cgroup bounds what shm/memfd can pin; "deny": nothing
+            # does, so the supervisor refuses those calls.
+            memory_mode = "cgroup" if group is not None and self._cgroups.memory else "deny"
         limits = spec.limits
         config = {
             "work_dir": self.work_dir,
             "scratch": command.scratch(),
-            "memory_mode": self._memory_mode,
+            "memory_mode": memory_mode,
             "limits": {
                 "cpu_seconds": limits.cpu_seconds,
                 "memory_mb": limits.memory_mb,
@@ -242,9 +295,34 @@ class LocalProvider:
             await sandbox._start(config, self._start_timeout)
         except BaseException:
             self._sandboxes.pop(sandbox_id, None)
-            await asyncio.shield(sandbox._stop("its start failed"))
+            await asyncio.shield(self._retire(sandbox, "its start failed"))
             raise
         return sandbox
+
+    def _group(self, sandbox_id: str, spec: SandboxSpec) -> SandboxGroup | None:
+        """The sandbox's cgroup: ``SandboxSpec.memory_mb`` for everything it holds, a process cap."""
+        if not self._cgroups.version:
+            return None
+        try:
+            return self._cgroups.create(
+                sandbox_id,
+                memory_bytes=int(spec.memory_mb) << 20,
+                max_pids=int(spec.limits.max_processes) + PID_HEADROOM,
+            )
+        except OSError as exc:
+            raise InfraError(f"cannot create the cgroup of sandbox {sandbox_id}: {exc}") from exc
+
+    async def _retire(self, sandbox: LocalSandbox, reason: str) -> None:
+        """Stop a sandbox, then remove its cgroup (once its processes are gone)."""
+        try:
+            self._usage.retire(sandbox)
+        except Exception as exc:  # a metric must never keep a sandbox alive
+            log.warning("reading the CPU use of sandbox %s failed: %r", sandbox.id, exc)
+        try:
+            await sandbox._stop(reason)
+        finally:
+            if sandbox.group is not None:
+                await sandbox.group.remove()
 
     async def list(self, tags: Mapping[str, str]) -> list[SandboxInfo]:
         return [
@@ -256,13 +334,14 @@ class LocalProvider:
     async def destroy(self, sandbox_id: str) -> None:
         sandbox = self._sandboxes.pop(sandbox_id, None)
         if sandbox is not None:
-            await sandbox._stop("destroyed")
+            await self._retire(sandbox, "destroyed")
 
     async def aclose(self) -> None:
         self._closed = True
         sandboxes = list(self._sandboxes.values())
         self._sandboxes.clear()
-        await asyncio.gather(*(s._stop("the provider was closed") for s in sandboxes), return_exceptions=True)
+        await asyncio.gather(*(self._retire(s, "the provider was closed") for s in sandboxes), return_exceptions=True)
+        await self._cgroups.close()
 
     def __repr__(self) -> str:
         bwrap = self._command.bwrap

@@ -1,0 +1,67 @@
+"""A completion must not be able to slow its neighbours into timeouts (GRPO would pay it for that).
+
+Through the real ``Scorer`` and a local pool: two hog completions each start 60 processes that
+``setsid()`` and spin, then stop their judge with SIGSTOP (so their exec lasts its whole timeout);
+a dozen correct neighbours, each burning ~0.1 s of CPU, are scored in the same batch.
+"""
+
+from __future__ import annotations
+
+from trl_sandbox.builtin_tasks import TASKS
+from trl_sandbox.generic_task import tasks_from_dict
+from trl_sandbox.local import LocalProvider
+from trl_sandbox.pool import SandboxPool
+from trl_sandbox.scoring import Scorer
+
+NEIGHBOUR = (
+    "_w = 0\n"
+    "for _i in range({n}):\n"  # ~0.1 s of CPU on this kind of machine
+    "    _w += _i\n"
+    "def max_subarray_sum(xs):\n"
+    "    best = cur = xs[0]\n"
+    "    for x in xs[1:]:\n"
+    "        cur = max(x, cur + x)\n"
+    "        best = max(best, cur)\n"
+    "    return best\n"
+)
+HOG = (
+    "# hog {i}\n"  # two different programs: identical ones would run once
+    "import os, signal\n"
+    "for _ in range(60):\n"
+    "    if os.fork() == 0:\n"
+    "        os.setsid()\n"
+    "        while True:\n"
+    "            pass\n"
+    "os.kill(os.getppid(), signal.SIGSTOP)\n"
+    "while True:\n"
+    "    pass\n"
+)
+TIMEOUT = 2.0  # wall-clock limit per program; a neighbour alone needs ~0.2 s
+
+
+def _batch(cgroups: str) -> tuple[list[str], float]:
+    """The outcomes of 2 hogs + 12 neighbours scored together, and the neighbours' CPU seconds alone."""
+    row = tasks_from_dict({"max_subarray": {**TASKS["max_subarray"], "timeout": TIMEOUT}}, extract="raw")[0]
+    with SandboxPool.open(LocalProvider(cgroups=cgroups), size=4) as pool:
+        scorer = Scorer(pool, cache_size=0)
+        # Every neighbour differs (no deduplication); alone, each passes well inside the timeout.
+        neighbours = [NEIGHBOUR.format(n=2_000_000 + i) for i in range(12)]
+        alone = scorer.score(neighbours[:1], [row])
+        assert alone[0].status == "passed", alone
+        pool.provider_usage()
+        outcomes = scorer.score([HOG.format(i=0), HOG.format(i=1), *neighbours], [row] * 14)
+        usage = pool.provider_usage()
+    assert [o.status for o in outcomes[:2]] == ["timeout", "timeout"], outcomes[:2]
+    return [f"{o.status} {o.detail}".strip() for o in outcomes[2:]], usage["sandbox/cpu_s"]
+
+
+def test_hogs_cannot_turn_correct_neighbours_into_timeouts():
+    statuses, _ = _batch("auto")
+    assert statuses == ["passed"] * 12
+
+
+def test_positive_control_without_cgroups_the_hogs_flip_neighbours():
+    """The same batch with ``cgroups="off"``: the 120 spinning processes take the cores and some
+    neighbours time out. This is what the groups prevent."""
+    statuses, _ = _batch("off")
+    assert sum(s.startswith("timeout") for s in statuses) >= 1, statuses
