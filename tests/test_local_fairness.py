@@ -56,8 +56,15 @@ def _batch(cgroups: str) -> tuple[list[str], float]:
 
 
 def test_hogs_cannot_turn_correct_neighbours_into_timeouts():
-    statuses, _ = _batch("auto")
+    statuses, cpu_s = _batch("auto")
     assert statuses == ["passed"] * 12
+    # The pool's CPU use for the step, read through the provider hook: the hogs spun for seconds.
+    assert cpu_s > 0.3
+
+
+def test_a_provider_without_a_usage_hook_reports_nothing(flaky_provider):
+    pool = SandboxPool(flaky_provider(), size=1)
+    assert not hasattr(pool.provider, "usage") and pool.provider_usage() == {}
 
 
 def test_positive_control_without_cgroups_the_hogs_flip_neighbours():
