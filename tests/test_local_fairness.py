@@ -7,6 +7,7 @@ a dozen correct neighbours, each burning ~0.1 s of CPU, are scored in the same b
 
 from __future__ import annotations
 
+from trl_sandbox import judge
 from trl_sandbox.builtin_tasks import TASKS
 from trl_sandbox.generic_task import tasks_from_dict
 from trl_sandbox.local import LocalProvider
@@ -36,13 +37,13 @@ HOG = (
     "while True:\n"
     "    pass\n"
 )
-TIMEOUT = 2.0  # wall-clock limit per program; a neighbour alone needs ~0.2 s
+TIMEOUT = 2.0  # seconds per program (CPU, or wall in the control); a neighbour alone needs ~0.2 s
 
 
-def _batch(cgroups: str) -> tuple[list[str], float]:
+def _batch(cgroups: str, time_budget: str = "cpu") -> tuple[list[str], float]:
     """The outcomes of 2 hogs + 12 neighbours scored together, and the neighbours' CPU seconds alone."""
     row = tasks_from_dict({"max_subarray": {**TASKS["max_subarray"], "timeout": TIMEOUT}}, extract="raw")[0]
-    with SandboxPool.open(LocalProvider(cgroups=cgroups), size=4) as pool:
+    with SandboxPool.open(LocalProvider(cgroups=cgroups, time_budget=time_budget), size=4) as pool:
         scorer = Scorer(pool, cache_size=0)
         # Every neighbour differs (no deduplication); alone, each passes well inside the timeout.
         neighbours = [NEIGHBOUR.format(n=2_000_000 + i) for i in range(12)]
@@ -67,8 +68,25 @@ def test_a_provider_without_a_usage_hook_reports_nothing(flaky_provider):
     assert not hasattr(pool.provider, "usage") and pool.provider_usage() == {}
 
 
-def test_positive_control_without_cgroups_the_hogs_flip_neighbours():
-    """The same batch with ``cgroups="off"``: the 120 spinning processes take the cores and some
-    neighbours time out. This is what the groups prevent."""
+def test_without_cgroups_the_cpu_budgets_alone_keep_every_verdict():
+    """No groups (as where the kernel offers none): the neighbours wait for cores, but their budget
+    is their own CPU time, so none of them times out."""
     statuses, _ = _batch("off")
+    assert statuses == ["passed"] * 12
+
+
+def test_positive_control_without_cgroups_and_with_wall_clock_budgets_the_hogs_flip_neighbours(monkeypatch):
+    """The same batch with both defences off (no groups, budgets on the wall clock in the sandbox and
+    in the judge): the 120 spinning processes take the cores and some neighbours time out."""
+    monkeypatch.setattr(judge, "JUDGE_CLOCK", "wall")
+    statuses, _ = _batch("off", time_budget="wall")
     assert sum(s.startswith("timeout") for s in statuses) >= 1, statuses
+
+
+def test_a_candidate_that_sleeps_still_ends_as_a_timeout():
+    """CPU budgets must not let a program that waits run forever: the wall-clock backstop ends it."""
+    row = tasks_from_dict({"max_subarray": {**TASKS["max_subarray"], "timeout": 0.5}}, extract="raw")[0]
+    sleeper = "import time\ndef max_subarray_sum(xs):\n    time.sleep(600)\n"
+    with SandboxPool.open(LocalProvider(cgroups="off"), size=1) as pool:
+        (outcome,) = Scorer(pool, cache_size=0).score([sleeper], [row])
+    assert outcome.status == "timeout" and outcome.reward == -1.0, outcome

@@ -157,8 +157,22 @@ def test_timeout_is_a_flag_not_an_exception(box):
     r = box.py("while True: pass", timeout=0.5)
     assert r.timed_out and r.exit_code == -signal.SIGKILL and not r.ok
     assert 0.45 < r.duration_s < 5 and time.monotonic() - start < 8
-    assert box.exec(["sleep", "5"], timeout=0.3).timed_out
     assert box.py("print(1)").ok
+
+
+def test_a_timeout_is_cpu_time_and_the_wall_clock_a_backstop(host, box):
+    """The budget counts the program's CPU, not the time it waited; one that sleeps or blocks still
+    ends, at the backstop (wall_factor x timeout + wall_margin_s), and is counted apart."""
+    host.provider.usage()
+    waited = box.exec(["sh", "-c", "sleep 0.5; echo done"], timeout=0.3)  # 0.5 s of waiting, no CPU
+    assert waited.ok and waited.stdout == "done\n", waited
+    start = time.monotonic()
+    slept = box.exec(["sleep", "60"], timeout=0.3)
+    assert slept.timed_out and slept.exit_code == -signal.SIGKILL, slept
+    assert 1.0 < slept.duration_s < 20 and time.monotonic() - start < 30  # ends at 4 x 0.3 + 2 s
+    spun = box.py("while True: pass", timeout=0.3)
+    assert spun.timed_out and spun.duration_s < slept.duration_s
+    assert host.provider.usage()["sandbox/wall_timeouts"] == 1.0  # the sleeper, not the spinner
 
 
 def test_output_is_capped_per_stream(host):

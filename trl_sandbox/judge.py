@@ -6,7 +6,8 @@ then ``trl_sandbox/judge_program.py``, identical for every execution) with a pay
 ``Task.score``. The payload is two length-prefixed pickles (the host -> judge direction is trusted):
 
 * the candidate part, visible to the candidate process: ``source``, ``filename``, ``limit`` (the
-  time budget in seconds for loading the candidate and running every test), ``max_bytes`` (largest
+  candidate's CPU seconds for loading and running every test), ``clock`` (``cpu`` or ``wall``),
+  ``wall_limit`` (the wall-clock backstop), ``max_bytes`` (largest
   reply accepted), ``remove_builtins``, ``delete_builtins``, ``remove_methods``, ``block_modules``
   and ``allowed_imports`` (the run-time ban layer, ``trl_sandbox.bans.runtime``);
 * the judge part, read by the judge only after the candidate process is forked: the tests
@@ -52,6 +53,13 @@ JUDGE_SOURCE: str = "\n".join(
 JUDGE_ARGV: tuple[str, ...] = ("python3", "-I", "-c", JUDGE_SOURCE)
 MARKER = "@@trl-sandbox-verdict@@"
 NONCE_BYTES = 16
+# The candidate's budget is its own CPU time ("cpu"): a candidate slowed down by busy neighbours
+# keeps its verdict. The wall clock only ends one that sleeps or blocks, at this backstop (kept
+# below the local sandbox's own backstop for the whole program, so the judge still reports).
+# "wall" makes the budget wall-clock time, as it was.
+JUDGE_CLOCK = "cpu"
+JUDGE_WALL_FACTOR = 4.0
+JUDGE_WALL_MARGIN_S = 2.0
 # Seconds allowed on top of the judge's own budget: interpreter start, fork, verdict.
 MARGIN_S = 1.0
 MAX_REPLY_BYTES = 16 << 20
@@ -104,6 +112,8 @@ def build_program(
         "source": source,
         "filename": filename,
         "limit": float(limit_s),
+        "clock": JUDGE_CLOCK,
+        "wall_limit": JUDGE_WALL_FACTOR * float(limit_s) + JUDGE_WALL_MARGIN_S,
         "max_bytes": int(max_reply_bytes),
         "remove_builtins": policy.runtime_removals(),
         "delete_builtins": policy.runtime_deletions(),

@@ -102,15 +102,58 @@ class _PlainUnpickler(_pickle.Unpickler):
 # -- the judge's side of the conversation --------------------------------------------------------------
 
 
+def _cpu_seconds(pid):
+    """CPU seconds of process ``pid`` and the children it reaped; None once it is gone."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])) / _CLK_TCK
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+try:
+    _CLK_TCK = os.sysconf("SC_CLK_TCK")
+except (ValueError, OSError):
+    _CLK_TCK = 100
+
+
+class _Clock:
+    """The candidate's time budget. ``cpu``: its own CPU time (loading and every call), so a
+    candidate that only waited for a core, because other programs were busy, still gets its whole
+    budget; the wall clock ends one that sleeps or blocks, at ``wall_limit``. ``wall``: the budget
+    is wall-clock time. The candidate's CPU is read only once it could have used the budget up."""
+
+    def __init__(self, start, limit, wall_limit, mode):
+        self.cpu = mode == "cpu"
+        self.limit = limit
+        self.wall_deadline = start + (wall_limit if self.cpu else limit)
+        self.next_check = start + limit if self.cpu else self.wall_deadline
+
+    def wait_s(self, pid):
+        now = time.monotonic()
+        if now >= self.wall_deadline:
+            raise _Timeout()
+        if now >= self.next_check:
+            used = _cpu_seconds(pid)
+            if used is not None:
+                if used >= self.limit:
+                    raise _Timeout()
+                self.next_check = now + max(0.005, self.limit - used)
+            else:
+                self.next_check = now + 0.05  # gone: the pipe reports it
+        return min(self.next_check, self.wall_deadline) - now
+
+
 class _Conn:
     """The judge's end of the pipe pair. After the first timeout, exit or protocol error the
     candidate is unusable: ``failure`` records what happened and every later call raises."""
 
-    def __init__(self, pid, wfd, rfd, deadline, max_bytes):
+    def __init__(self, pid, wfd, rfd, clock, max_bytes):
         self.pid = pid
         self.wfd = wfd
         self.rfd = rfd
-        self.deadline = deadline
+        self.clock = clock
         self.max_bytes = max_bytes
         self.seq = 0
         self.failure = None
@@ -133,17 +176,14 @@ class _Conn:
         raise _Dead()
 
     def _remaining(self):
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            raise _Timeout()
-        return left
+        return self.clock.wait_s(self.pid)
 
     def _read(self, n):
         chunks = []
         while n > 0:
             ready, _, _ = select.select([self.rfd], [], [], self._remaining())
             if not ready:
-                raise _Timeout()
+                continue  # the budget is looked at again (and raises when it is spent)
             chunk = os.read(self.rfd, min(n, 1 << 20))
             if not chunk:
                 raise _Exited()
@@ -156,7 +196,7 @@ class _Conn:
         while view:
             _, ready, _ = select.select([], [self.wfd], [], self._remaining())
             if not ready:
-                raise _Timeout()
+                continue
             try:
                 written = os.write(self.wfd, view)
             except BlockingIOError:
@@ -365,10 +405,11 @@ def main():
     view.release()
     candidate_spec = _pickle.loads(_read_message(0))
     start = time.monotonic()
-    deadline = start + float(candidate_spec.get("limit", 1.0))
+    limit = float(candidate_spec.get("limit", 1.0))
+    clock = _Clock(start, limit, float(candidate_spec.get("wall_limit", limit)), candidate_spec.get("clock", "wall"))
     pid, wfd, rfd = _start_candidate(candidate_spec, nonce)
     judge_spec = _pickle.loads(_read_message(0))
-    conn = _Conn(pid, wfd, rfd, deadline, int(candidate_spec.get("max_bytes", 16 << 20)))
+    conn = _Conn(pid, wfd, rfd, clock, int(candidate_spec.get("max_bytes", 16 << 20)))
     verdict = {"v": VERSION, "nondumpable": guarded}
     defined = []
     try:

@@ -525,7 +525,10 @@ class SandboxPool:
 
         async def attempt() -> ExecResult:
             async with self.lease() as sandbox:
-                deadline = timeout + self.settings.exec_slack_s
+                # A provider whose timeout is CPU time (the local one) says how long an exec may
+                # take on the wall clock; past that plus the slack the sandbox is presumed dead.
+                bound = getattr(sandbox, "wall_bound", None)
+                deadline = (bound(timeout) if callable(bound) else timeout) + self.settings.exec_slack_s
                 try:
                     for path, data in files:
                         await asyncio.wait_for(sandbox.write_file(path, data), deadline)

@@ -101,7 +101,9 @@ class SandboxGRPOConfig(GRPOConfig):
     )
     sandbox_timeout: float = field(
         default=1.0,
-        metadata={"help": "Wall-clock seconds each program may run; past it the result is a timeout (reward -1 by default)."},
+        metadata={"help": "Seconds of its own CPU time each program may use; past it the result is a timeout (reward -1 by "
+                  "default). Waiting for a core does not count; a program that sleeps or blocks ends at a wall-clock "
+                  "backstop (about 4x)."},
     )
     sandbox_cpu_seconds: float | None = field(
         default=None,

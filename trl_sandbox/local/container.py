@@ -251,7 +251,9 @@ class LocalSandbox:
             self._check()
             started = time.monotonic()
             try:
-                kind, flags, code, duration, out, err = await self._call(request, timeout + self._grace, stdin)
+                kind, flags, code, duration, out, err = await self._call(
+                    request, self._provider.wall_bound(timeout) + self._grace, stdin
+                )
             except _Died as exc:
                 if exc.by_host:
                     raise InfraError(f"sandbox {self.id} was stopped during an exec: {exc}") from None
@@ -267,6 +269,10 @@ class LocalSandbox:
         if kind != _proto.K_RESULT:
             self._mark_dead(f"protocol error: answer {kind!r} to an exec")
             raise InfraError(f"sandbox {self.id}: {self._dead}")
+        if flags & _proto.F_WALL:
+            self._provider.wall_timeouts += 1
+            log.info("sandbox %s: a program slept or blocked until the wall-clock backstop (%.1f s)",
+                     self.id, self._provider.wall_bound(timeout))
         return ExecResult(
             exit_code=code,
             stdout=out.decode("utf-8", "replace"),
@@ -279,6 +285,10 @@ class LocalSandbox:
             truncated=bool(flags & _proto.F_TRUNCATED),
             duration_s=duration,
         )
+
+    def wall_bound(self, timeout: float) -> float:
+        """The wall-clock seconds an exec with ``timeout`` may take (the pool waits that long)."""
+        return self._provider.wall_bound(timeout)
 
     def _path(self, path: str) -> str:
         work = self._provider.work_dir

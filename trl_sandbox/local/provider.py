@@ -13,8 +13,9 @@ stdin/stdout. What other code can rely on:
 
 * ``exit_code``: the exit status (0-255), or minus the signal number when the program died of a
   signal (``-9`` for SIGKILL, ``-11`` for a segfault), as ``subprocess`` reports it. A timeout
-  is ``timed_out=True`` with ``exit_code=-9``; dying of the CPU-seconds rlimit (SIGXCPU) also
-  sets ``timed_out``. A command that cannot be started gives 127 (not found) or 126, as a shell
+  is ``timed_out=True`` with ``exit_code=-9``: the exec's process tree used ``timeout`` CPU
+  seconds, or (a program that sleeps or blocks) the wall-clock backstop passed; dying of the
+  CPU-seconds rlimit (SIGXCPU) also sets ``timed_out``. A command that cannot be started gives 127 (not found) or 126, as a shell
   does. ``None`` only when the sandbox itself died during the execution.
 * ``oom_killed``: the program died of an uncaught ``MemoryError`` (the address-space limit is
   ``ResourceLimits.memory_mb``); for non-Python programs, stderr ending in ``MemoryError``.
@@ -125,8 +126,11 @@ class LocalProvider:
     pin memory outside their address space; ``"cgroup"``: they can, because a memory cgroup
     charges it; ``"auto"``: ``"cgroup"`` where the sandbox has a memory cgroup, else ``"deny"``),
     ``cgroups`` (``auto``, ``v1``, ``v2`` or ``off``; a mode the kernel refuses is a
-    ``ConfigError``) and ``packages`` (top-level modules of the sandbox interpreter's site
-    directories to make visible, e.g. ``["numpy"]`` or ``"numpy,sympy"``).
+    ``ConfigError``), ``packages`` (top-level modules of the sandbox interpreter's site
+    directories to make visible, e.g. ``["numpy"]`` or ``"numpy,sympy"``), ``time_budget``
+    (``"cpu"``: an exec's timeout is CPU seconds of its whole process tree, so waiting for a core
+    never times a program out; ``"wall"``: wall-clock seconds) and, in CPU mode, the wall-clock
+    backstop for programs that sleep or block: ``wall_factor`` x timeout + ``wall_margin_s``.
     """
 
     name = "local"
@@ -151,6 +155,9 @@ class LocalProvider:
         memory_mode: str = "auto",
         cgroups: str = "auto",
         packages: Iterable[str] = (),
+        time_budget: str = "cpu",
+        wall_factor: float = 4.0,
+        wall_margin_s: float = 2.0,
     ) -> None:
         found = shutil.which(bwrap)
         if not found:
@@ -188,6 +195,20 @@ class LocalProvider:
                 "cannot pin memory outside their address space) or 'cgroup' (only where a memory cgroup charges it)"
             )
         self._memory_mode = memory_mode
+        if time_budget not in ("cpu", "wall"):
+            raise ConfigError(
+                f"provider setting time_budget={time_budget!r} must be 'cpu' (a timeout is CPU time of the "
+                "program's processes; the wall clock is a backstop) or 'wall' (a timeout is wall-clock time)"
+            )
+        self.time_budget = time_budget
+        self.wall_factor = number("local", "wall_factor", wall_factor, required=True, positive=True)
+        if self.wall_factor < 1:
+            raise ConfigError(f"provider setting wall_factor={wall_factor!r} must be at least 1 (the backstop "
+                              "comes after the CPU budget)")
+        self.wall_margin_s = number("local", "wall_margin_s", wall_margin_s, required=True)
+        if self.wall_margin_s < 0:
+            raise ConfigError(f"provider setting wall_margin_s={wall_margin_s!r} must be 0 or more")
+        self.wall_timeouts = 0  # execs ended by the wall-clock backstop (slept or blocked), not by CPU
         self._preload = tuple(preload)
         uid = number("local", "sandbox_uid", sandbox_uid, int, required=True)
         drop: dict = {}
@@ -221,8 +242,13 @@ class LocalProvider:
         return self._cgroups.mode
 
     def usage(self) -> dict[str, float | str]:
-        """Per-step metrics: the isolation mode and the CPU seconds sandboxes used since the last call."""
+        """Per-step metrics: the isolation mode, the CPU seconds sandboxes used and the programs the
+        wall-clock backstop ended since the last call (a CPU-budget timeout is an ordinary timeout)."""
         return self._usage.read()
+
+    def wall_bound(self, timeout: float) -> float:
+        """The wall-clock seconds an exec with ``timeout`` may take (its backstop, in CPU mode)."""
+        return self.wall_factor * timeout + self.wall_margin_s if self.time_budget == "cpu" else timeout
 
     # -- Provider API --------------------------------------------------------------------------
 
@@ -278,6 +304,9 @@ class LocalProvider:
             "work_dir": self.work_dir,
             "scratch": command.scratch(),
             "memory_mode": memory_mode,
+            "time_budget": self.time_budget,
+            "wall_factor": self.wall_factor,
+            "wall_margin_s": self.wall_margin_s,
             "limits": {
                 "cpu_seconds": limits.cpu_seconds,
                 "memory_mb": limits.memory_mb,

@@ -49,6 +49,7 @@ class _Usage:
         self._retired = 0.0  # without cgroups: final readings of removed sandboxes
         self._seen: dict[str, float] = {}
         self._last_total = self._total()
+        self._last_wall_timeouts = 0
 
     def _total(self) -> float:
         cgroups = self._provider._cgroups
@@ -75,7 +76,10 @@ class _Usage:
     def read(self) -> dict[str, float | str]:
         total = self._total()
         delta, self._last_total = max(0.0, total - self._last_total), total
+        walls = self._provider.wall_timeouts
+        wall_delta, self._last_wall_timeouts = walls - self._last_wall_timeouts, walls
         return {
             "sandbox/isolation_mode": self._provider._cgroups.mode,
             "sandbox/cpu_s": delta,
+            "sandbox/wall_timeouts": float(wall_delta),
         }

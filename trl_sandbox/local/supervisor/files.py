@@ -63,8 +63,20 @@ def do_write(request):
     reply(K_OK)
 
 
+# The largest file the host reads in one call: a program may fill /work with one huge file.
+READ_CAP = 64 << 20
+
+
 def do_read(request):
-    reply(K_DATA, part1=read_regular(confined(request[1])))
+    fd = open_regular(confined(request[1]), os.O_RDONLY)
+    with open(fd, "rb") as f:
+        size = os.fstat(fd).st_size
+        if size > READ_CAP:
+            raise OSError(errno.EFBIG, f"file of {size} bytes is larger than the {READ_CAP} bytes a read returns")
+        data = f.read(READ_CAP + 1)
+    if len(data) > READ_CAP:
+        raise OSError(errno.EFBIG, f"file grew past the {READ_CAP} bytes a read returns")
+    reply(K_DATA, part1=data)
 
 
 # (path, size in MiB, mode) of every scratch place, from the configuration.

@@ -25,7 +25,7 @@ import warnings
 from . import state as S
 from .child import EXIT_NOT_FOUND
 from .files import read_regular
-from .protocol import F_OOM, F_TIMED_OUT, F_TRUNCATED, K_RESULT, read_fd, receive_stdin, reply
+from .protocol import F_OOM, F_TIMED_OUT, F_TRUNCATED, F_WALL, K_RESULT, read_fd, receive_stdin, reply
 
 # Single-letter interpreter flags that a forked interpreter can honour (or that make no difference
 # to one that is already running). Any other flag (-m, -O, -W, -X, ...) runs the real interpreter.
@@ -169,6 +169,7 @@ def do_exec(request):
     S.STATUS = status_page = mmap.mmap(-1, 1)
     for hook in S.PRE_FORK:
         hook()
+    children_cpu = _children_cpu()
     start = time.monotonic()
     pid = os.fork()
     if pid == 0:
@@ -182,11 +183,12 @@ def do_exec(request):
         os.setpgid(pid, pid)
     except OSError:
         pass  # it already did so itself (and maybe exec'ed)
-    status, timed_out, out, err, truncated = wait_child(pid, start + timeout, out_r, err_r)
+    budget = Budget(start, timeout, children_cpu)
+    status, timed_out, out, err, truncated = wait_child(pid, budget, out_r, err_r)
     duration = time.monotonic() - start
     flags = F_TRUNCATED if truncated else 0
     if timed_out:
-        flags |= F_TIMED_OUT
+        flags |= F_TIMED_OUT | (F_WALL if budget.wall_hit else 0)
         exit_code = -signal.SIGKILL
     else:
         exit_code = exit_code_of(status)
@@ -214,8 +216,58 @@ def exit_code_of(status):
     return -1
 
 
-def wait_child(pid, deadline, out_r, err_r):
-    """Collect output until the child has exited and the pipes are closed, or the deadline.
+def _children_cpu():
+    """CPU seconds of every process this supervisor has reaped so far."""
+    t = os.times()
+    return t.children_user + t.children_system
+
+
+def tree_cpu(children_cpu):
+    """CPU seconds used since the exec began by every process of the sandbox but PID 1: the live
+    ones and zombies from /proc (their own time and that of the children they reaped), the ones PID 1
+    reaped from its children's times. Setsid, double-forked and daemonised processes all count."""
+    ticks = 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or name == "1":
+            continue
+        try:
+            with open("/proc/" + name + "/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
+        except (OSError, IndexError, ValueError):
+            continue  # it exited meanwhile (its time is now its reaper's)
+    return ticks / S.CLK_TCK + (_children_cpu() - children_cpu)
+
+
+class Budget:
+    """When an exec has run out of time. With ``time_budget="cpu"`` its timeout is CPU time of its
+    process tree: a program that only waited for a core (other sandboxes were busy) is not out of
+    time; the tree's CPU is read only when it could first have used the budget up, so a program
+    that ends sooner costs nothing. The wall clock ends what sleeps or blocks, at the backstop."""
+
+    def __init__(self, start, timeout, children_cpu):
+        self.cpu = S.TIME_BUDGET == "cpu"
+        self.timeout = timeout
+        self.children_cpu = children_cpu
+        self.wall_deadline = start + (S.WALL_FACTOR * timeout + S.WALL_MARGIN_S if self.cpu else timeout)
+        self.next_check = start + timeout if self.cpu else self.wall_deadline
+        self.wall_hit = False
+
+    def wait_s(self, now):
+        """Seconds to wait before looking again, or None when the time is up."""
+        if now >= self.wall_deadline:
+            self.wall_hit = self.cpu
+            return None
+        if now >= self.next_check:
+            left = self.timeout - tree_cpu(self.children_cpu)
+            if left <= 0:
+                return None
+            self.next_check = now + max(0.005, left)
+        return min(self.next_check, self.wall_deadline) - now
+
+
+def wait_child(pid, budget, out_r, err_r):
+    """Collect output until the child has exited and the pipes are closed, or its time is up.
 
     Returns ``(status, timed_out, stdout, stderr, truncated)``. Output beyond the cap is read
     and dropped, so that a writer never blocks on a full pipe.
@@ -235,8 +287,8 @@ def wait_child(pid, deadline, out_r, err_r):
     try:
         while status is None or open_pipes:
             if status is None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                remaining = budget.wait_s(time.monotonic())
+                if remaining is None:
                     done, status = os.waitpid(pid, os.WNOHANG)
                     if not done:
                         timed_out = True

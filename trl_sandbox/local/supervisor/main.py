@@ -41,13 +41,10 @@ def startup():
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     S.FD_LIMIT = 1024 if hard == resource.RLIM_INFINITY else min(hard, 1024)
     resource.setrlimit(resource.RLIMIT_NOFILE, (S.FD_LIMIT, hard))
-    # Without a memory cgroup nothing bounds the sum of the children's address spaces, so make
-    # every process of the sandbox the host OOM killer's first choice (the largest one goes).
-    try:
-        with open("/proc/self/oom_score_adj", "w") as f:
-            f.write("1000")
-    except OSError:
-        pass
+    # Programs (not the supervisor) are the OOM killer's first choice: each child raises its own
+    # oom_score_adj to 1000 (child.child_setup). The supervisor keeps the score it was started with,
+    # so that memory a program pinned where no process maps it (tmpfs, memfd) costs the program,
+    # not the sandbox.
     if kernel.libc().prctl(kernel.PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
         raise SystemExit("trl-sandbox supervisor: prctl(PR_SET_DUMPABLE, 0) failed")
     # As PID 1, signals without a handler are dropped: SIGINT must not keep Python's handler.
@@ -77,6 +74,15 @@ def configure(config):
     S.MEMORY_MODE = config.get("memory_mode", "deny")
     if S.MEMORY_MODE not in ("deny", "cgroup"):
         raise SystemExit("trl-sandbox supervisor: memory_mode must be 'deny' or 'cgroup'")
+    S.TIME_BUDGET = config.get("time_budget", "cpu")
+    if S.TIME_BUDGET not in ("cpu", "wall"):
+        raise SystemExit("trl-sandbox supervisor: time_budget must be 'cpu' or 'wall'")
+    S.WALL_FACTOR = float(config.get("wall_factor", S.WALL_FACTOR))
+    S.WALL_MARGIN_S = float(config.get("wall_margin_s", S.WALL_MARGIN_S))
+    try:
+        S.CLK_TCK = os.sysconf("SC_CLK_TCK")
+    except (ValueError, OSError):
+        pass
     S.OUTPUT_CAP = int(config["output_bytes"])
     S.CACHE_MAX_BYTES = int(config.get("cache_bytes", S.CACHE_MAX_BYTES))
     S.CACHE_MAX_ENTRIES = int(config.get("cache_entries", S.CACHE_MAX_ENTRIES))

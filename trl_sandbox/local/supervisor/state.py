@@ -27,3 +27,10 @@ MEMORY_MODE = "deny"
 # A fresh one-byte shared page per exec (see forkserver.do_exec): 1 when a forked Python child
 # died of an uncaught MemoryError.
 STATUS = None
+# Time budgets. "cpu": an exec's timeout is the CPU time its whole process tree may use (however
+# detached), checked when it could first have run out; the wall clock only ends what sleeps or
+# blocks, at WALL_FACTOR x timeout + WALL_MARGIN_S. "wall": the timeout is wall-clock time.
+TIME_BUDGET = "cpu"
+WALL_FACTOR = 4.0
+WALL_MARGIN_S = 2.0
+CLK_TCK = 100

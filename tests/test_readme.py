@@ -1,0 +1,80 @@
+"""The README cannot drift from the program: its code compiles, its commands and flags exist."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+BLOCKS = re.findall(r"^```(\w*)\n(.*?)^```", README, re.S | re.M)
+
+
+def _command_lines() -> list[str]:
+    lines = []
+    for lang, body in BLOCKS:
+        if lang in ("", "bash", "sh", "console"):
+            for line in body.splitlines():
+                line = line.split("#", 1)[0].strip()
+                if line:
+                    lines.append(line)
+    return lines
+
+
+def test_every_python_block_compiles():
+    blocks = [body for lang, body in BLOCKS if lang == "python"]
+    assert blocks
+    for body in blocks:
+        compile(body, "<README>", "exec")
+
+
+def test_every_make_target_and_script_the_readme_names_exists():
+    makefile = (ROOT / "Makefile").read_text()
+    targets = set(re.findall(r"^([\w-]+):", makefile, re.M))
+    for target in re.findall(r"\bmake ([\w-]+)", README):
+        assert target in targets, f"README names `make {target}`, which the Makefile lacks"
+    for script in re.findall(r"\b(scripts/[\w./-]+|benchmarks/[\w./-]+\.py|examples/[\w./-]+\.py)", README):
+        assert (ROOT / script.rstrip(".")).exists(), script
+
+
+def _flags_of(command: str) -> set[str]:
+    from trl_sandbox.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    return {opt for action in sub.choices[command]._actions for opt in action.option_strings}
+
+
+def _train_flags() -> set[str]:
+    from trl_sandbox.train import TrainArguments
+    from trl_sandbox.trainer import SandboxGRPOConfig
+
+    names = {f.name for f in dataclasses.fields(SandboxGRPOConfig)} | {f.name for f in dataclasses.fields(TrainArguments)}
+    return {f"--{n}" for n in names} | {"--no_plot", "--config"}
+
+
+def test_every_trl_sandbox_command_line_uses_real_subcommands_and_flags():
+    checked = 0
+    for line in _command_lines():
+        try:
+            words = shlex.split(line.replace("|", " | "))
+        except ValueError:  # a line that is not a shell command (a table, a fragment)
+            words = line.split()
+        for i, word in enumerate(words):
+            if not word.endswith("trl-sandbox") or i + 1 >= len(words):
+                continue
+            command = words[i + 1].split("|")[0]
+            if command in ("plugins", "providers", "tasks", "ls", "reap", "exec", "evaluate"):
+                known = _flags_of(command)
+            elif command == "train":
+                known = _train_flags()
+            else:
+                pytest.fail(f"README runs an unknown sub-command: {line}")
+            for flag in (w.split("=")[0] for w in words[i + 2:] if w.startswith("--")):
+                assert flag in known, f"README uses {flag} with `trl-sandbox {command}`, which has no such flag: {line}"
+            checked += 1
+    assert checked >= 5, checked
