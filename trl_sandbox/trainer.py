@@ -289,6 +289,11 @@ class SandboxLifecycleCallback(TrainerCallback):
             metrics["sandbox/cpu_s"].append(float(cpu))
             if step_s > 0:
                 metrics["sandbox/cpu_cores"].append(float(cpu) / step_s)
+        walls = usage.get("sandbox/wall_timeouts")
+        if isinstance(walls, (int, float)):
+            # Programs ended by the wall-clock backstop (they slept or blocked), apart from the
+            # ordinary timeouts of programs that used their CPU budget.
+            metrics["sandbox/wall_timeouts"].append(float(walls))
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         name = getattr(args, "sandbox_metrics_file", "metrics.jsonl")
