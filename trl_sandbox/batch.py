@@ -57,7 +57,7 @@ def run_batch(args: argparse.Namespace, settings: dict[str, Any]) -> int:
     results: list[dict[str, Any] | None] = [None] * len(parsed)
     progress = _progress(len(parsed))
 
-    with SandboxPool.open(provider, size=max(1, args.pool_size), spec=SandboxSpec()) as pool:
+    with SandboxPool.open(provider, size=max(1, args.pool_size), spec=SandboxSpec(), made_by="exec") as pool:
 
         async def one(i: int, ident: Any, job: dict[str, Any]) -> None:
             try:

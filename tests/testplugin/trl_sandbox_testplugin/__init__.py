@@ -22,6 +22,7 @@ from trl_sandbox import (
     Program,
     QuotaError,
     RateLimitError,
+    SandboxGoneError,
     SandboxInfo,
     hookimpl,
 )
@@ -34,7 +35,10 @@ class Faults:
     create_failures: int = 0  # the first N creates raise InfraError
     create_quota: bool = False  # every create raises QuotaError
     create_delay_s: float = 0.0
-    exec_infra_failures: int = 0  # the first N execs raise InfraError
+    exec_infra_failures: int = 0  # the first N execs raise InfraError (the sandbox stays alive)
+    exec_vanish: int = 0  # the first N execs find their sandbox gone (SandboxGoneError)
+    exec_kills: int = 0  # the first N execs kill their sandbox and raise a plain InfraError
+    reset_failures: int = 0  # the first N resets raise InfraError (the sandbox stays alive)
     exec_rate_limits: int = 0  # the first N execs raise RateLimitError(retry_after)
     retry_after_s: float = 0.2
     exec_hangs: int = 0  # the first N execs never answer
@@ -63,6 +67,14 @@ class FlakySandbox:
         if f.exec_infra_failures > 0:
             f.exec_infra_failures -= 1
             raise InfraError("injected transport error")
+        if f.exec_vanish > 0:
+            f.exec_vanish -= 1
+            self.provider.live.pop(self.id, None)
+            raise SandboxGoneError(f"injected: sandbox {self.id} vanished")
+        if f.exec_kills > 0:
+            f.exec_kills -= 1
+            self.provider.live.pop(self.id, None)
+            raise InfraError("injected: connection reset (the sandbox died)")
         if f.exec_rate_limits > 0:
             f.exec_rate_limits -= 1
             f.calls.append(("rate_limited", time.monotonic()))
@@ -92,6 +104,9 @@ class FlakySandbox:
     async def reset(self) -> None:
         self.resets += 1
         self.files.clear()
+        if self.provider.faults.reset_failures > 0:
+            self.provider.faults.reset_failures -= 1
+            raise InfraError("injected: reset failed")
         if not await self.alive():
             raise InfraError("sandbox died")
 
