@@ -349,3 +349,31 @@ def test_a_member_near_the_end_of_its_lifetime_is_replaced_before_a_job_gets_it(
         assert pool.drain_stats().counts["rotated"] == 1
         assert first not in provider.live
     assert provider.created == 2 and provider.live == {}
+
+
+@pytest.mark.parametrize("lands_after_s, destroy_timeout_s, leaks", [(0.5, 2.0, False), (3.0, 0.2, True)])
+def test_close_lets_a_create_in_flight_finish_and_destroys_it(flaky_provider, lands_after_s, destroy_timeout_s,
+                                                               leaks):
+    """A create the service is still working on when the pool closes is waited for (up to
+    destroy_timeout_s) and its sandbox destroyed: cancelled client-side, it would appear after the
+    closing sweep. The second case is the positive control: past the wait, the sandbox leaks."""
+    import asyncio
+
+    provider = flaky_provider(create_lands_late_s=lands_after_s)
+    settings = PoolSettings(**{**FAST.__dict__, "destroy_timeout_s": destroy_timeout_s})
+    pool = SandboxPool(provider, size=1, settings=settings)
+    pool.start(wait=False)
+    deadline = time.monotonic() + 10
+    while not provider.faults.calls and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert provider.faults.calls, "the create was sent"
+    pool.close()
+    if leaks:
+        deadline = time.monotonic() + 10
+        while not provider.live and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(provider.live) == 1  # made after the pool was gone
+        for sandbox_id in list(provider.live):
+            asyncio.run(provider.destroy(sandbox_id))
+    else:
+        assert provider.live == {}

@@ -92,6 +92,7 @@ class SandboxPool(PoolHealing):
         self._failing_since: float | None = None  # first failed create since the last success
         self._dropping: dict[str, Sandbox] = {}  # removed from the pool, delete not yet confirmed
         self._deleting: set[asyncio.Task] = set()  # replacements whose delete is under way
+        self._creating: set[asyncio.Task] = set()  # create slots inside provider.create
         self.leftovers: list[str] = []  # ids the closing sweep found and could not remove
         self._closed = False
         self._started = False
@@ -146,7 +147,8 @@ class SandboxPool(PoolHealing):
                 return
             # A closed pool starts afresh (e.g. ``trainer.evaluate()`` after ``train()`` closed it).
             self._closed = False
-            self._members, self._born, self._tasks, self._dropping, self._deleting = {}, {}, set(), {}, set()
+            self._members, self._born, self._tasks, self._dropping = {}, {}, set(), {}
+            self._deleting, self._creating = set(), set()
             self._pending_creates = 0
             self._fatal_error = self._last_create_error = self._failing_since = None
             self.leftovers = []

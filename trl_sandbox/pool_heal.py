@@ -153,6 +153,8 @@ class PoolHealing:
                     return
                 except BaseException as exc:  # transient, or a provider bug: both worth another try
                     self._note_create_failure(exc)
+                    if self._closed:
+                        return
                     if self._outage_over_budget():
                         self._declare_outage(exc)
                         return
@@ -175,11 +177,15 @@ class PoolHealing:
         return await self._create_call()
 
     async def _create_call(self) -> Sandbox:
+        task = asyncio.current_task()
+        self._creating.add(task)  # close() lets it finish: cancelled, the service may still make it
         try:
             return await asyncio.wait_for(self.provider.create(self.spec), self.settings.create_timeout_s)
         except asyncio.TimeoutError as exc:
             # The provider may have made it anyway; the final sweep by tags removes it.
             raise InfraError(f"creating a sandbox took longer than {self.settings.create_timeout_s:.0f} s") from exc
+        finally:
+            self._creating.discard(task)
 
     async def _adopt(self, sandbox: Sandbox) -> None:
         if self._closed:
@@ -352,14 +358,15 @@ class PoolHealing:
 
     async def _aclose(self) -> None:
         current = asyncio.current_task()
-        # Deletes already sent finish first (each is bounded by destroy_timeout_s); everything
-        # else (creates, resets, the health loop) is cancelled.
-        deleting = [t for t in self._deleting if t is not current]
+        # Deletes and creates already sent finish first, for up to destroy_timeout_s (a create
+        # cancelled client-side may still be made server-side, after the sweep; one that finishes
+        # now is destroyed by _adopt); everything else (backoff, resets, health loop) is cancelled.
+        in_flight = (self._deleting | self._creating) - {current}
         for task in list(self._tasks):
-            if task is not current and task not in self._deleting:
+            if task is not current and task not in in_flight:
                 task.cancel()
-        if deleting:
-            await asyncio.wait(deleting, timeout=self.settings.destroy_timeout_s + 1)
+        if in_flight:
+            await asyncio.wait(in_flight, timeout=self.settings.destroy_timeout_s + 1)
         for task in list(self._tasks):
             if task is not current:
                 task.cancel()

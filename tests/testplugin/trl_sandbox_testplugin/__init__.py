@@ -11,6 +11,7 @@ import asyncio
 import itertools
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -35,6 +36,7 @@ class Faults:
     create_failures: int = 0  # the first N creates raise InfraError
     create_quota: bool = False  # every create raises QuotaError
     create_delay_s: float = 0.0
+    create_lands_late_s: float = 0.0  # the service makes the sandbox this late, even if the caller gave up
     exec_infra_failures: int = 0  # the first N execs raise InfraError (the sandbox stays alive)
     exec_vanish: int = 0  # the first N execs find their sandbox gone (SandboxGoneError)
     exec_kills: int = 0  # the first N execs kill their sandbox and raise a plain InfraError
@@ -143,6 +145,21 @@ class FlakyProvider:
         if f.create_quota:
             raise QuotaError("injected: sandbox limit reached")
         sandbox = FlakySandbox(self, f"flaky-{os.getpid()}-{next(_ids)}", dict(spec.tags))
+        if f.create_lands_late_s:
+            # The "service" (a timer thread) makes the sandbox later, whatever the caller does.
+            landed = asyncio.Event()
+            loop = asyncio.get_running_loop()
+
+            def land() -> None:
+                self.live[sandbox.id] = sandbox
+                try:
+                    loop.call_soon_threadsafe(landed.set)
+                except RuntimeError:  # the caller's loop is gone
+                    pass
+
+            threading.Timer(f.create_lands_late_s, land).start()
+            f.calls.append(("create", sandbox.id))
+            await landed.wait()
         if f.create_delay_s:
             # The sandbox exists server-side before the create call returns (like a slow remote create).
             self.live[sandbox.id] = sandbox
