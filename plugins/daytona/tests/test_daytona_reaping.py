@@ -1,4 +1,4 @@
-"""Sandboxes of a SIGKILLed ``trl-sandbox exec`` run, found and removed by their tags.
+"""Sandboxes of a SIGKILLed ``trl-sandbox exec`` or ``evaluate`` run, found and removed by their tags.
 
 The killed process cannot clean up, and the service outlives it (here: a fake Daytona in this
 process, on loopback), so its sandboxes are only found again by the tags every pool now carries
@@ -32,14 +32,24 @@ def _settings(fake: FakeDaytona, tmp_path) -> dict[str, str]:
     return {"api_key": API_KEY, "api_url": fake.api_url, "work_dir": f"{tmp_path}/{{id}}"}
 
 
-def _killed_exec_run(fake: FakeDaytona, tmp_path, size: int = 2) -> int:
-    """Start ``trl-sandbox exec`` on programs that never end, SIGKILL it once its pool is up; its pid."""
-    batch = tmp_path / "batch.jsonl"
-    batch.write_text("".join(json.dumps({"id": i, "code": "import time; time.sleep(3600)"}) + "\n" for i in range(4)))
+def _killed_run(fake: FakeDaytona, tmp_path, command: str, size: int = 2) -> int:
+    """Start ``trl-sandbox exec`` or ``evaluate`` on programs that never end, SIGKILL it once its
+    pool is up; its pid."""
     settings = [a for k, v in _settings(fake, tmp_path).items() for a in ("--setting", f"{k}={v}")]
+    if command == "exec":
+        batch = tmp_path / "batch.jsonl"
+        batch.write_text("".join(json.dumps({"id": i, "code": "import time; time.sleep(3600)"}) + "\n"
+                                 for i in range(4)))
+        args = ["exec", "--input", str(batch), "--timeout", "3600"]
+    else:
+        samples = tmp_path / "samples.jsonl"
+        samples.write_text("".join(json.dumps({"task_id": "sorting", "completion": "    while True:\n        pass\n"})
+                                   + "\n" for _ in range(4)))
+        args = ["evaluate", str(samples), "--tasks", "builtin", "--timeout", "3600", "--no-progress",
+                "--output", str(tmp_path / "results.jsonl")]
     before = set(fake.live())
-    proc = subprocess.Popen([sys.executable, "-m", "trl_sandbox.cli", "exec", "--provider", "daytona", *settings,
-                             "--input", str(batch), "--pool-size", str(size), "--timeout", "3600"],
+    proc = subprocess.Popen([sys.executable, "-m", "trl_sandbox.cli", *args[:1], "--provider", "daytona", *settings,
+                             *args[1:], "--pool-size", str(size)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
@@ -48,7 +58,7 @@ def _killed_exec_run(fake: FakeDaytona, tmp_path, size: int = 2) -> int:
     finally:
         proc.kill()
         proc.wait(30)
-    assert len(set(fake.live()) - before) == size, "the exec run's pool never came up"
+    assert len(set(fake.live()) - before) == size, f"the {command} run's pool never came up"
     return proc.pid
 
 
@@ -56,19 +66,21 @@ def _labels(fake: FakeDaytona, sandbox_id: str) -> dict:
     return dict(fake.sandboxes[sandbox_id].request.get("labels") or {})
 
 
-def test_reap_dead_owners_removes_a_killed_exec_runs_sandboxes(fake, tmp_path):
-    pid = _killed_exec_run(fake, tmp_path)
+@pytest.mark.parametrize("command", ["exec", "evaluate"])
+def test_reap_dead_owners_removes_a_killed_runs_sandboxes(fake, tmp_path, command):
+    pid = _killed_run(fake, tmp_path, command)
     left = fake.live()
-    assert all(_labels(fake, i)[PID_TAG] == str(pid) and _labels(fake, i)[MADE_BY_TAG] == "exec" for i in left)
+    assert all(_labels(fake, i)[PID_TAG] == str(pid) and _labels(fake, i)[MADE_BY_TAG] == command for i in left)
     args = [a for k, v in _settings(fake, tmp_path).items() for a in ("--setting", f"{k}={v}")]
     assert main(["reap", "--provider", "daytona", *args, "--dead-owners"]) == 0
     assert fake.live() == []
 
 
-def test_the_next_start_reaps_a_killed_exec_runs_sandboxes(fake, tmp_path):
+@pytest.mark.parametrize("command", ["exec", "evaluate"])
+def test_the_next_start_reaps_a_killed_runs_sandboxes(fake, tmp_path, command):
     from trl_sandbox.plugins import make_provider
 
-    _killed_exec_run(fake, tmp_path)
+    _killed_run(fake, tmp_path, command)
     stale = set(fake.live())
     pool = SandboxPool(make_provider("daytona", _settings(fake, tmp_path)), size=1, settings=FAST)
     pool.start(wait=True)
