@@ -43,15 +43,44 @@ def test_reset_between_leases(flaky_provider):
         assert stats.counts["leases_warm"] >= 2
 
 
-def test_infra_error_is_retried_on_a_replacement_sandbox(flaky_provider):
+def test_transient_exec_errors_keep_the_sandbox(flaky_provider):
+    """A 503 or a dropped connection from a sandbox that still answers is retried on a kept
+    sandbox (after a reset), not on a fresh one: a replacement costs a create."""
     provider = flaky_provider(exec_infra_failures=2)
     with SandboxPool.open(provider, size=1, pool_settings=FAST) as pool:
         result = pool.run(["python3", "-c", "print('ok')"], timeout=5)
         assert result.stdout.strip() == "ok"
         stats = pool.drain_stats()
         assert stats.counts["retries"] == 2
-        assert stats.counts["replaced"] == 2
-    assert provider.created == 3
+        assert stats.counts["kept"] == 2
+        assert stats.counts["replaced"] == 0
+    assert provider.created == 1
+    execs = [c for c in provider.faults.calls if c[0] == "exec"]
+    assert len(execs) == 3 and len({sandbox_id for _, sandbox_id in execs}) == 1
+
+
+@pytest.mark.parametrize("fault", ["exec_vanish", "exec_kills"])
+def test_a_gone_or_dead_sandbox_is_replaced_and_the_job_retried(flaky_provider, fault):
+    """Positive control for the test above: the same retry on a sandbox that is gone (404) or no
+    longer alive after a transport error goes to a replacement."""
+    provider = flaky_provider(**{fault: 1})
+    with SandboxPool.open(provider, size=1, pool_settings=FAST) as pool:
+        assert pool.run(["python3", "-c", "print('ok')"], timeout=5).stdout.strip() == "ok"
+        stats = pool.drain_stats()
+        assert stats.counts["replaced"] == 1 and stats.counts["kept"] == 0
+    assert provider.created == 2
+    assert provider.live == {}
+
+
+def test_a_failed_reset_is_retried_before_the_sandbox_is_discarded(flaky_provider):
+    provider = flaky_provider(reset_failures=2)
+    with SandboxPool.open(provider, size=1, pool_settings=FAST) as pool:
+        for _ in range(3):
+            assert pool.run(["python3", "-c", "print(1)"], timeout=5).exit_code == 0
+        stats = pool.drain_stats()
+        assert stats.counts["reset_retries"] == 2
+        assert stats.counts["replaced"] == 0
+    assert provider.created == 1
 
 
 def test_infra_error_after_all_attempts_raises_infra(flaky_provider):
@@ -157,25 +186,48 @@ def test_a_provider_that_raises_something_unexpected_is_an_infra_failure(flaky_p
         assert pool.run(["python3", "-c", "print(1)"], timeout=5).stdout.strip() == "1"
 
 
-def test_jobs_waiting_for_a_sandbox_fail_at_once_when_none_can_exist(flaky_provider):
-    """Losing every sandbox while no create succeeds wakes the waiting jobs with an InfraError
-    (scored None) instead of holding them for the whole lease timeout."""
+def test_failed_creates_are_refilled_until_the_pool_heals(flaky_provider):
+    """A burst of failed creates (each slot's create fails many times in a row) never makes the
+    pool fatal: it keeps refilling with backoff and the waiting job runs once a create works."""
+    provider = flaky_provider(create_failures=12)
+    settings = PoolSettings(**{**FAST.__dict__, "max_attempts": 1, "outage_s": 60.0})
+    with SandboxPool.open(provider, size=2, pool_settings=settings) as pool:
+        assert pool.run(["python3", "-c", "print(7)"], timeout=5).stdout.strip() == "7"
+        assert pool.drain_stats().counts["create_failures"] == 12
+        assert pool.outage is None
+    assert provider.live == {}
+
+
+def test_an_outage_longer_than_the_budget_is_a_clear_error(flaky_provider):
+    """Creates failing for longer than ``outage_s`` end waiting jobs with ``SandboxOutageError``
+    naming the provider and the last error; a success afterwards ends the outage."""
     import concurrent.futures
 
+    from trl_sandbox import SandboxOutageError
+
     provider = flaky_provider()
-    settings = PoolSettings(backoff_initial_s=0.01, backoff_max_s=0.02, max_attempts=1, lease_timeout_s=60)
+    settings = PoolSettings(**{**FAST.__dict__, "lease_timeout_s": 60.0, "outage_s": 0.5, "health_interval_s": 3600})
     with SandboxPool.open(provider, size=1, pool_settings=settings) as pool:
         held = pool.loop.run(pool.checkout())
         with concurrent.futures.ThreadPoolExecutor(1) as ex:
             waiting = ex.submit(pool.run, ["python3", "-c", "pass"], timeout=5)
-            time.sleep(0.3)
-            assert not waiting.done(), "the job waits for the only sandbox"
-            provider.faults.create_failures = 10_000
-            t0 = time.monotonic()
-            pool.checkin(held, broken=True)
-            with pytest.raises(InfraError, match="no sandbox is available"):
-                waiting.result(timeout=30)
-            assert time.monotonic() - t0 < 30
+            provider.faults.create_failures = 10**9
+            pool.checkin(held, broken=True)  # the only sandbox is lost; no create works
+            with pytest.raises(SandboxOutageError) as info:
+                waiting.result(timeout=30)  # ends well before the 60 s lease timeout
+        message = str(info.value)
+        assert "'flaky'" in message and "injected: create failed" in message and "sandbox_outage_s=0.5" in message
+        assert pool.outage is not None
+        with pytest.raises(SandboxOutageError):  # later jobs fail at once while the outage lasts
+            pool.run(["python3", "-c", "pass"], timeout=5)
+        provider.faults.create_failures = 0  # the service recovers: the next job's refill succeeds
+        pool.loop.run(pool._check_idle())  # what the health loop does every health_interval_s
+        deadline = time.monotonic() + 10
+        while pool.outage is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pool.run(["python3", "-c", "print(2)"], timeout=5).stdout.strip() == "2"
+        assert pool.outage is None
+    assert provider.live == {}
 
 
 def test_a_pool_takes_a_provider_name_and_refuses_what_is_not_a_provider():
@@ -185,3 +237,143 @@ def test_a_pool_takes_a_provider_name_and_refuses_what_is_not_a_provider():
     assert pool.provider.name == "local"
     with pytest.raises(ConfigError, match="needs a provider"):
         SandboxPool(object(), size=1)
+
+
+def test_an_outage_longer_than_the_budget_stops_training(flaky_provider):
+    """The reward function raises ``SandboxOutageError`` (which ends ``trainer.train()``) once the
+    budget is spent; before that, the same lost sandboxes only cost ``None`` rewards."""
+    import asyncio
+
+    from trl_sandbox import SandboxOutageError
+    from trl_sandbox.rewards import SandboxReward
+
+    provider = flaky_provider()
+    settings = PoolSettings(**{**FAST.__dict__, "max_attempts": 1, "lease_timeout_s": 0.3, "outage_s": 1.5})
+    pool = SandboxPool(provider, size=1, settings=settings)
+    reward = SandboxReward(pool)
+    kwargs = dict(sandbox_task=["echo"], task_id=["four"], expected=["4"])
+    try:
+        assert asyncio.run(reward(prompts=["p"], completions=["2+2"], **kwargs)) == [1.0]
+        provider.faults.create_failures = 10**9  # the service goes down ...
+        provider.faults.exec_vanish = 10**9  # ... and reclaims the sandbox we had
+        # Within the budget: the lost job is an infrastructure failure (None), training goes on.
+        assert asyncio.run(reward(prompts=["p"], completions=["2+3"], **kwargs)) == [None]
+        with pytest.raises(SandboxOutageError, match="'flaky'.*injected: create failed"):
+            for _ in range(100):  # each call waits at most lease_timeout_s; the budget ends it
+                asyncio.run(reward(prompts=["p"], completions=["1+3"], **kwargs))
+    finally:
+        pool.close()
+    assert provider.live == {}
+
+
+def test_pool_settings_and_the_outage_budget_are_validated():
+    with pytest.raises(ConfigError, match="outage_s"):
+        PoolSettings(outage_s=0)
+    with pytest.raises(ConfigError, match="max_attempts"):
+        PoolSettings(max_attempts=0)
+    from trl_sandbox.trainer import SandboxGRPOConfig
+
+    with pytest.raises(ConfigError, match="sandbox_outage_s"):
+        SandboxGRPOConfig(output_dir="/tmp/x", sandbox_outage_s=-1, report_to=[], use_cpu=True, bf16=False)
+
+
+def test_every_pool_tags_its_sandboxes_with_owner_and_maker(flaky_provider, monkeypatch):
+    """A pool nobody tagged (exec, evaluate, a standalone reward, a self-check) still tags every
+    sandbox with run id, host, owner pid, rank, plugin tags and what made it; the closing sweep
+    then runs by those tags."""
+    import os
+    import socket
+
+    from trl_sandbox.rewards import SandboxReward
+    from trl_sandbox.tags import HOST_TAG, MADE_BY_TAG, MANAGED_TAG, PID_TAG, RUN_TAG, clean
+
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("TRL_SANDBOX_RUN_ID", "launch-7")
+    provider = flaky_provider()
+    with SandboxPool.open(provider, size=2, pool_settings=FAST, made_by="exec") as pool:
+        pool.run(["python3", "-c", "pass"], timeout=5)
+        seen = [dict(s.tags) for s in provider.live.values()]
+    assert len(seen) == 2
+    for tags in seen:
+        assert tags[MANAGED_TAG] == "1" and tags[RUN_TAG] == "launch-7" and tags[MADE_BY_TAG] == "exec"
+        assert tags[HOST_TAG] == clean(socket.gethostname()) and tags[PID_TAG] == str(os.getpid())
+        assert tags["rank"] == "3" and tags["team"] == "tests"  # the test plugin's run tags
+    assert pool.drain_stats().counts["swept"] == 0  # looked, and found nothing left
+    assert provider.live == {}
+
+    reward = SandboxReward(provider="flaky", pool_size=1)
+    reward.pool.start(wait=True)
+    try:
+        assert reward.pool.spec.tags[MADE_BY_TAG] == "reward" and RUN_TAG in reward.pool.spec.tags
+    finally:
+        reward.close()
+
+
+def test_closing_waits_for_a_delete_in_flight_then_retries_and_sweeps(flaky_provider):
+    """A replacement drops its sandbox from the pool before the delete is answered; closing the
+    pool at that moment must still leave nothing alive (the delete in flight is waited for, and
+    one that failed is sent again)."""
+    provider = flaky_provider()
+    pool = SandboxPool(provider, size=1, settings=FAST)
+    pool.start(wait=True)
+    original_destroy = provider.destroy
+    started = []
+
+    async def slow_destroy(sandbox_id: str) -> None:
+        started.append(sandbox_id)
+        import asyncio
+
+        await asyncio.sleep(3600)  # never answers: its deadline fails it, close() deletes again
+
+    held = pool.loop.run(pool.checkout())
+    provider.destroy = slow_destroy
+    pool.checkin(held, broken=True)
+    deadline = time.monotonic() + 10
+    while not started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert started and held.id in provider.live
+    provider.destroy = original_destroy
+    pool.close()
+    assert provider.live == {}
+    assert pool.drain_stats().counts["destroy_failures"] == 1  # the delete in flight ran to its deadline
+
+
+def test_a_member_near_the_end_of_its_lifetime_is_replaced_before_a_job_gets_it(flaky_provider):
+    provider = flaky_provider()
+    spec = SandboxSpec(lifetime_s=600.0)
+    with SandboxPool.open(provider, size=1, spec=spec, pool_settings=FAST) as pool:
+        pool.run(["python3", "-c", "pass"], timeout=5)
+        (first,) = provider.live
+        pool._born[first] -= 500.0  # as if created 500 s ago: inside the last quarter of 600 s
+        assert pool.run(["python3", "-c", "print(2)"], timeout=5).stdout == "2\n"
+        assert pool.drain_stats().counts["rotated"] == 1
+        assert first not in provider.live
+    assert provider.created == 2 and provider.live == {}
+
+
+@pytest.mark.parametrize("lands_after_s, destroy_timeout_s, leaks", [(0.5, 2.0, False), (3.0, 0.2, True)])
+def test_close_lets_a_create_in_flight_finish_and_destroys_it(flaky_provider, lands_after_s, destroy_timeout_s,
+                                                               leaks):
+    """A create the service is still working on when the pool closes is waited for (up to
+    destroy_timeout_s) and its sandbox destroyed: cancelled client-side, it would appear after the
+    closing sweep. The second case is the positive control: past the wait, the sandbox leaks."""
+    import asyncio
+
+    provider = flaky_provider(create_lands_late_s=lands_after_s)
+    settings = PoolSettings(**{**FAST.__dict__, "destroy_timeout_s": destroy_timeout_s})
+    pool = SandboxPool(provider, size=1, settings=settings)
+    pool.start(wait=False)
+    deadline = time.monotonic() + 10
+    while not provider.faults.calls and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert provider.faults.calls, "the create was sent"
+    pool.close()
+    if leaks:
+        deadline = time.monotonic() + 10
+        while not provider.live and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(provider.live) == 1  # made after the pool was gone
+        for sandbox_id in list(provider.live):
+            asyncio.run(provider.destroy(sandbox_id))
+    else:
+        assert provider.live == {}

@@ -21,7 +21,9 @@ from .sandbox import (
     ResourceLimits,
     Sandbox,
     SandboxError,
+    SandboxGoneError,
     SandboxInfo,
+    SandboxOutageError,
     SandboxSpec,
 )
 from .tasks import Outcome, Program, Task, load_tasks
@@ -52,7 +54,9 @@ __all__ = [
     "SandboxError",
     "SandboxGRPOConfig",
     "SandboxGRPOTrainer",
+    "SandboxGoneError",
     "SandboxInfo",
+    "SandboxOutageError",
     "SandboxPool",
     "SandboxReward",
     "SandboxSpec",

@@ -83,7 +83,7 @@ def run_batch(args: argparse.Namespace, settings: dict[str, Any]) -> int:
         progress.update(1)
 
     try:
-        with SandboxPool.open(provider, size=args.pool_size, spec=SandboxSpec()) as pool:
+        with SandboxPool.open(provider, size=args.pool_size, spec=SandboxSpec(), made_by="exec") as pool:
 
             async def one(i: int, ident: Any, job: dict[str, Any]) -> None:
                 try:

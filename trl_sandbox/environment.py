@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .pool import SandboxPool
-from .sandbox import ConfigError, ExecResult, InfraError, Sandbox
+from .sandbox import ConfigError, ExecResult, InfraError, Sandbox, SandboxOutageError
 from .scoring import Scorer
 from .tasks import Outcome
 
@@ -113,7 +113,9 @@ class SandboxEnvironment:
 
         Never raises for a sandbox problem (TRL calls it without a ``try``): a sandbox that cannot
         take the row's files is discarded and replaced, and an episode that gets no usable sandbox
-        scores ``None``. Only a row the task cannot use raises, a ``ConfigError`` naming the row.
+        scores ``None``. Only a row the task cannot use raises, a ``ConfigError`` naming the row,
+        and a declared outage (``SandboxOutageError``: no sandbox for ``sandbox_outage_s``), which
+        stops training as it does for single-turn rewards.
         """
         self._release()
         self._row = dict(row)
@@ -131,6 +133,9 @@ class SandboxEnvironment:
             self._pool.grow(_count_holder(self._pool, +1) + JUDGE_HEADROOM)
             try:
                 self._sandbox = self._pool.loop.run(self._pool.checkout())
+            except SandboxOutageError:
+                _count_holder(self._pool, -1)
+                raise  # no sandbox for longer than the outage budget: training stops, clearly
             except Exception as exc:  # no sandbox to be had: the episode scores None
                 _count_holder(self._pool, -1)
                 self._lose(exc)

@@ -310,7 +310,8 @@ def _score(args: argparse.Namespace, completions: list[Any], rows: list[dict[str
             bar.update(1)
 
     try:
-        with SandboxPool.open(args.provider, size=args.pool_size, settings=_settings(args.setting)) as pool:
+        with SandboxPool.open(args.provider, size=args.pool_size, settings=_settings(args.setting),
+                              made_by="evaluate") as pool:
             return Scorer(pool, scheme=args.scheme).score(completions, rows, on_result=on_result)
     finally:
         if bar is not None:

@@ -549,7 +549,7 @@ def run_self_check(
 
     name = getattr(task, "name", "?")
     try:
-        with SandboxPool.open(provider, size=pool_size, settings=settings) as pool:
+        with SandboxPool.open(provider, size=pool_size, settings=settings, made_by="self-check") as pool:
             outcomes = score_cases(pool, task, cases)
     except Exception as exc:
         return [f"{name}: could not run the self-check on provider {provider!r}: {exc}"]

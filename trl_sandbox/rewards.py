@@ -63,7 +63,7 @@ class SandboxReward:
             from .plugins import make_provider
 
             provider_obj = make_provider(provider, dict(provider_settings or {}))
-            self._pool = SandboxPool(provider_obj, spec=spec, size=pool_size)
+            self._pool = SandboxPool(provider_obj, spec=spec, size=pool_size, made_by="reward")
 
     @property
     def pool(self) -> SandboxPool:
@@ -108,6 +108,11 @@ class SandboxReward:
         columns = {k: v for k, v in kwargs.items() if k not in _TRL_KWARGS}
         rows = [{"prompt": prompts[i], **{k: v[i] for k, v in columns.items()}} for i in range(len(prompts))]
         outcomes, stats = await scorer.ascore(completions, rows, deadline_s=self.deadline_s)
+        outage = self.pool.outage
+        if outage is not None:
+            # Past the outage budget no sandbox exists and none can be made: stop training with
+            # the provider's error rather than step on a batch of None rewards.
+            raise outage
         elapsed = time.perf_counter() - t0
         self.seconds_total += elapsed
         self.last_outcomes = outcomes

@@ -25,7 +25,22 @@ class SandboxError(Exception):
 class InfraError(SandboxError):
     """Retryable infrastructure failure: transport error, 5xx, sandbox vanished or unresponsive.
 
-    The pool replaces the sandbox involved and retries the job elsewhere.
+    A plain ``InfraError`` says nothing about the sandbox's health: a 503 or a dropped connection
+    usually comes from the service, not the sandbox, so the pool probes ``alive()`` and retries on
+    the same sandbox when it still answers (a replacement costs a create, which is what a
+    struggling service can least afford). Raise ``SandboxGoneError`` when the sandbox itself is gone.
+    """
+
+
+class SandboxGoneError(InfraError):
+    """The sandbox no longer exists (HTTP 404, gRPC NOT_FOUND on its id): the pool replaces it."""
+
+
+class SandboxOutageError(InfraError):
+    """No sandbox could be created for longer than the outage budget (``sandbox_outage_s``).
+
+    Training stops with this error rather than running on ``None`` rewards; ``evaluate``/``exec``
+    report the items it affects as infrastructure errors.
     """
 
 

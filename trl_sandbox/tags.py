@@ -22,6 +22,7 @@ RUN_TAG = "trl-sandbox-run"
 HOST_TAG = "trl-sandbox-host"
 PID_TAG = "trl-sandbox-pid"
 MANAGED_TAG = "trl-sandbox"
+MADE_BY_TAG = "trl-sandbox-made-by"  # trainer, reward, exec, evaluate, self-check, pool
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -59,6 +60,23 @@ def collect_tags(run: RunInfo, extra: Mapping[str, str] | None = None) -> dict[s
     # Identity tags last: reaping depends on them, so no plugin may override them.
     tags.update({MANAGED_TAG: "1", RUN_TAG: run.run_id, HOST_TAG: run.host, PID_TAG: str(run.pid)})
     return {clean(k): clean(v) for k, v in tags.items()}
+
+
+def process_tags(made_by: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Tags for a pool that no trainer tagged (``trl-sandbox exec``/``evaluate``, a standalone
+    ``SandboxReward``, a self-check, a user's own pool).
+
+    Without them a killed process's sandboxes could not be told from anyone else's: start-up
+    reaping, ``reap --dead-owners`` and the closing sweep all find sandboxes by these tags. The
+    run id is ``TRL_SANDBOX_RUN_ID`` when set (so ranks of one launch share it), else fresh; the
+    rank is ``RANK`` as ``accelerate``/``torchrun`` set it.
+    """
+    try:
+        rank = int(os.environ.get("RANK", "0"))
+    except ValueError:
+        rank = 0
+    run = RunInfo(run_id=os.environ.get("TRL_SANDBOX_RUN_ID") or new_run_id(), rank=rank)
+    return collect_tags(run, {**(extra or {}), MADE_BY_TAG: made_by})
 
 
 @hookimpl

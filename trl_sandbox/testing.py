@@ -23,7 +23,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from .pool import PoolSettings, SandboxPool
@@ -37,6 +38,8 @@ FAST = PoolSettings(backoff_initial_s=0.05, backoff_max_s=0.2, lease_timeout_s=2
                     destroy_timeout_s=10.0, health_interval_s=3600.0)
 # Every byte value, CR/LF, a NUL, shell syntax and quotes, invalid UTF-8: stdin must arrive byte-exact.
 STDIN = bytes(range(256)) * 4 + b"\r\n\n$(touch /tmp/pwned)\x00EOF\n'\"`" + b"\xff" * 3
+_BOTH = ("import sys\nfor i in range(3):\n    print(i, flush=True); print(f'e{i}', file=sys.stderr, flush=True)\n"
+         "sys.stdout.write('tail é'); sys.stderr.write('bad3'); sys.exit(5)")
 _DIGEST = ("import hashlib, sys; data = sys.stdin.buffer.read(); "
            "print(len(data), hashlib.sha256(data).hexdigest()); print('to stderr', file=sys.stderr); sys.exit(3)")
 
@@ -87,6 +90,7 @@ def check_exec(make: ProviderFactory) -> dict[str, ExecResult]:
             "large": await sandbox.exec(["python3", "-c", _DIGEST], stdin=big, timeout=20),
             "quoted": await sandbox.exec(["printf", "%s|", "a b", "$HOME", "it's", ";ls"], timeout=5),
             "missing": await sandbox.exec(["no-such-program-xyz"], timeout=5),
+            "both": await sandbox.exec(["python3", "-c", _BOTH], timeout=10),
         }
 
     results = run(closing(p, go()))
@@ -97,6 +101,9 @@ def check_exec(make: ProviderFactory) -> dict[str, ExecResult]:
         for result, data in expected:
             assert result.stdout == _digest_line(data)  # without stdin the program reads EOF
         assert with_stdin.stderr == "to stderr\n"
+        # Turns between the streams, no final newline, non-ASCII: each stream exactly its own.
+        both = results["both"]
+        assert (both.exit_code, both.stdout, both.stderr) == (5, "0\n1\n2\ntail é", "e0\ne1\ne2\nbad3")
     else:
         for result, data in expected:
             assert _digest_line(data).rstrip("\n") in result.stdout
@@ -244,7 +251,9 @@ def check_pool_honours_retry_after_and_retries_server_errors(
     create_calls: Callable[[], int],
     live: Callable[[], list[str]],
 ) -> None:
-    """A pool of one waits out a rate limit's ``retry_after`` and retries a server error elsewhere.
+    """A pool of one waits out a rate limit's ``retry_after``, retries a server error, and keeps
+    the sandbox through both (it still answers: a replacement would only cost a create); a failed
+    create is retried.
 
     ``rate_limit_exec(retry_after, match)`` makes the service answer the next exec whose request
     contains ``match`` with a rate limit; ``fail_exec(match)`` the same with a server error;
@@ -253,8 +262,8 @@ def check_pool_honours_retry_after_and_retries_server_errors(
     p = make()
     rate_limit_exec(0.6, "first")
     fail_exec("second")
+    fail_create()
     with SandboxPool.open(p, size=1, spec=SandboxSpec(tags=tags), pool_settings=FAST) as pool:
-        fail_create()  # the replacement of the rate-limited sandbox
         t0 = time.monotonic()
         limited = pool.run(["echo", "first"], timeout=5)
         waited = time.monotonic() - t0
@@ -262,9 +271,80 @@ def check_pool_honours_retry_after_and_retries_server_errors(
         stats = pool.drain_stats()
     assert limited.stdout == "first\n" and waited >= 0.6
     assert retried.stdout == "second\n"
-    assert stats.counts["rate_limited"] == 1 and stats.counts["infra_errors"] == 2
-    assert create_calls() == 4  # the first, the failed one, and the two replacements
+    assert stats.counts["rate_limited"] == 1 and stats.counts["infra_errors"] == 2  # the exec's 5xx, the create's
+    assert stats.counts["kept"] == 2 and stats.counts["replaced"] == 0
+    assert create_calls() == 2  # the failed one and the one that served both jobs
     assert live() == []
+
+
+# Fault-matrix pool settings: short back-offs, and an outage budget no seed should come near.
+MATRIX = replace(FAST, max_attempts=3, outage_s=60.0, lease_timeout_s=30.0)
+
+
+def _matrix_program(i: int) -> list[str]:
+    return ["python3", "-c", f"import sys; print({i} * {i}); print('e{i}', file=sys.stderr); sys.exit({i} % 3)"]
+
+
+def _misscored(i: int, result: ExecResult, separate: bool) -> bool:
+    if result.exit_code != i % 3 or result.timed_out:
+        return True
+    if separate:
+        return result.stdout != f"{i * i}\n" or result.stderr != f"e{i}\n"
+    return f"{i * i}\n" not in result.stdout or f"e{i}\n" not in result.stdout
+
+
+def check_rides_out_faults(
+    make: ProviderFactory,
+    tags: Mapping[str, str],
+    *,
+    chaos: Callable[[int | None], None],
+    live: Callable[[], list[str]],
+    created_tags: Callable[[], list[Mapping[str, str]]],
+    seeds: Sequence[int] = (1, 2, 3),
+    programs: int = 41,
+    size: int = 2,
+    settings: PoolSettings = MATRIX,
+) -> list[dict[str, Any]]:
+    """The seeded fault matrix: for each seed, ``programs`` programs on a pool of ``size`` while the
+    service fails creates and execs at random (``chaos(seed)`` turns its faults on, ``chaos(None)``
+    off). Every seed must score at least 90% of the programs, none wrongly (an infrastructure
+    failure may cost a result, never falsify one), tag every sandbox it created with the run's
+    tags, and leave none alive. ``created_tags()`` lists the tags of every sandbox the service
+    ever created. ``settings`` are the pool's (a positive control passes ``max_attempts=1``).
+    Returns per-seed numbers for reporting.
+    """
+    report = []
+    for seed in seeds:
+        run_tags = {**tags, "trl-sandbox-run": f"{tags.get('trl-sandbox-run', 'matrix')}-s{seed}"}
+        before = len(created_tags())
+        p = make()
+        separate = p.capabilities.separate_stderr
+        chaos(seed)
+        try:
+            with SandboxPool.open(p, size=size, spec=SandboxSpec(tags=run_tags), pool_settings=settings) as pool:
+                async def all_programs() -> list[Any]:
+                    jobs = [pool.aexec(_matrix_program(i), timeout=10) for i in range(programs)]
+                    return await asyncio.gather(*jobs, return_exceptions=True)
+
+                results = pool.loop.run(all_programs())
+                stats = pool.drain_stats()
+        finally:
+            chaos(None)
+        scored = [i for i, r in enumerate(results) if isinstance(r, ExecResult)]
+        others = [r for r in results if not isinstance(r, (ExecResult, InfraError))]
+        wrong = [i for i in scored if _misscored(i, results[i], separate)]
+        made = created_tags()[before:]
+        row = {"seed": seed, "scored": len(scored), "programs": programs, "created": len(made),
+               "replaced": stats.counts["replaced"], "kept": stats.counts["kept"],
+               "create_failures": stats.counts["create_failures"]}
+        report.append(row)
+        assert others == [], f"seed {seed}: jobs failed with something other than InfraError: {others!r}"
+        assert wrong == [], f"seed {seed}: misscored programs {wrong}: {[results[i] for i in wrong]}"
+        assert len(scored) >= 0.9 * programs, f"seed {seed}: only {row}"
+        untagged = [t for t in made if any(t.get(k) != v for k, v in run_tags.items())]
+        assert made and untagged == [], f"seed {seed}: sandboxes created without the run's tags: {untagged}"
+        assert live() == [], f"seed {seed}: sandboxes left alive: {live()}"
+    return report
 
 
 def check_a_sandbox_that_vanishes_is_replaced(

@@ -34,7 +34,7 @@ from .rewards import SandboxReward
 from .sandbox import ConfigError, ResourceLimits, SandboxSpec
 from .schemes import get_scheme
 from .scoring import Scorer
-from .tags import RunInfo, collect_tags, new_run_id
+from .tags import MADE_BY_TAG, RunInfo, collect_tags, new_run_id
 from .tasks import STATUSES, TASK_COLUMN, resolve_task
 
 log = logging.getLogger("trl_sandbox")
@@ -147,8 +147,19 @@ class SandboxGRPOConfig(GRPOConfig):
         metadata={"help": "Upper bound on one reward call; unfinished completions score None (infrastructure)."},
     )
     sandbox_max_attempts: int = field(
-        default=3, metadata={"help": "Attempts per program on infrastructure errors, each on a fresh sandbox."}
+        default=3,
+        metadata={"help": "Attempts per program on infrastructure errors. A 429/503/transport error keeps the "
+                  "sandbox (reset, then reused); a sandbox that is gone, dead or past its deadline is replaced."},
     )
+    sandbox_outage_s: float = field(default=300.0, metadata={
+        "help": "Seconds of failing sandbox creates, none succeeding, after which training stops with an error "
+        "naming the provider and its last error. Shorter outages only make reward calls wait."})
+    sandbox_host_create_rate: float | None = field(default=None, metadata={
+        "help": "Sandbox creates started per second by all training processes of this machine together (the "
+        "ranks of one launch), per provider; keep it below the service's rate limit. None: no limit."})
+    sandbox_host_create_concurrency: int | None = field(default=None, metadata={
+        "help": "Sandbox creates in flight at once across all training processes of this machine, per provider. "
+        "None: no limit."})
     sandbox_cache_size: int = field(
         default=4096, metadata={"help": "Results kept for identical programs (0 disables the cache)."}
     )
@@ -200,6 +211,8 @@ class SandboxGRPOConfig(GRPOConfig):
             if value is not None and value <= 0:
                 raise ConfigError(f"{name}={value!r}: set it to a positive number of seconds (or leave it unset)")
         get_scheme(self.sandbox_reward_scheme)  # an unknown scheme fails here, not at the first step
+        if not isinstance(self.sandbox_outage_s, (int, float)) or not self.sandbox_outage_s > 0:
+            raise ConfigError(f"sandbox_outage_s must be a positive number of seconds, got {self.sandbox_outage_s!r}")
 
     def sandbox_spec(self) -> SandboxSpec:
         cpu = self.sandbox_cpu_seconds or max(1.0, 2 * self.sandbox_timeout)
@@ -341,7 +354,10 @@ class SandboxGRPOTrainer(GRPOTrainer):
             provider,
             spec=args.sandbox_spec(),
             size=args.sandbox_pool_size,
-            settings=PoolSettings(max_attempts=args.sandbox_max_attempts),
+            settings=PoolSettings(max_attempts=args.sandbox_max_attempts, outage_s=float(args.sandbox_outage_s),
+                                  host_create_rate=args.sandbox_host_create_rate,
+                                  host_create_concurrency=args.sandbox_host_create_concurrency),
+            made_by="trainer",
         )
         self.sandbox_episodes = EpisodeTally()  # outcomes of SandboxEnvironment episodes, logged per step
         self.sandbox_run = RunInfo(run_id=os.environ.get("TRL_SANDBOX_RUN_ID") or new_run_id(), args=args)
@@ -406,7 +422,7 @@ class SandboxGRPOTrainer(GRPOTrainer):
     def start_sandboxes(self) -> None:
         """Start warming the pool; generation of the first batch overlaps the warm-up."""
         if not self.sandbox_pool.started:
-            tags = collect_tags(self.sandbox_run, self.args.sandbox_tags)
+            tags = collect_tags(self.sandbox_run, {**self.args.sandbox_tags, MADE_BY_TAG: "trainer"})
             self.sandbox_pool.start(wait=False, tags=tags)
 
     def close_sandboxes(self) -> None:

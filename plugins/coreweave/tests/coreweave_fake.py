@@ -18,8 +18,10 @@ CREATING; ``vanish(id)`` removes a sandbox (NOT_FOUND from then on).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
+import random
 import signal
 import sys
 import threading
@@ -103,6 +105,8 @@ class FakeCoreWeave:
         self.calls: list[tuple[str, str | None]] = []
         self.faults: dict[str, list[Fault]] = {}
         self.stuck_creates = 0
+        self.created_tags: list[list[str]] = []
+        self._chaos: tuple[random.Random, float, float] | None = None
         self.kill_on_cancel = True  # False: a command outlives its cancelled RPC (tests the in-sandbox kill)
         self.spawned: list = []  # every process started, killed at stop()
         self.lock = threading.Lock()
@@ -149,6 +153,25 @@ class FakeCoreWeave:
                 Fault(code, times, message or f"injected {code.name}", retry_delay, reason,
                       match.encode() if match else None)
             )
+
+    def chaos(self, seed: int | None, transient: float = 0.2, vanish: float = 0.05) -> None:
+        """Seeded random faults like a busy real service's: each create and exec fails with
+        probability ``transient`` (UNAVAILABLE, INTERNAL, RESOURCE_EXHAUSTED) and each exec finds
+        its sandbox reclaimed with probability ``vanish``. ``chaos(None)`` turns them off."""
+        with self.lock:
+            self._chaos = None if seed is None else (random.Random(seed), transient, vanish)
+
+    def roll(self, rpc: str) -> str | None:
+        with self.lock:
+            if self._chaos is None or rpc not in ("create", "exec"):
+                return None
+            rng, transient, vanish = self._chaos
+            draw = rng.random()
+            if draw < transient:
+                return rng.choice(["UNAVAILABLE", "INTERNAL", "RESOURCE_EXHAUSTED"])
+            if rpc == "exec" and draw < transient + vanish:
+                return "vanish"
+            return None
 
     def stick_next_creates(self, n: int = 1) -> None:
         with self.lock:
@@ -199,6 +222,13 @@ class _Servicer(sandbox_pb2_grpc.SandboxServiceServicer):
         if fault is not None:
             await context.abort(fault.code, fault.message,
                                 _details(fault.code, fault.message, fault.retry_delay, fault.reason))
+        chaos = fake.roll(rpc)
+        if chaos == "vanish":
+            with contextlib.suppress(KeyError):
+                fake.vanish(sandbox_id or "")
+        elif chaos is not None:
+            code = getattr(grpc.StatusCode, chaos)
+            await context.abort(code, f"chaos: injected {chaos}", _details(code, "chaos", None, None))
 
     async def _sandbox(self, context, sandbox_id: str, *, running: bool = False) -> FakeSandbox:
         with self.fake.lock:
@@ -221,6 +251,7 @@ class _Servicer(sandbox_pb2_grpc.SandboxServiceServicer):
                 fake.stuck_creates -= 1
                 sandbox.state = S.STATE_CREATING
             fake.sandboxes[sandbox.id] = sandbox
+            fake.created_tags.append(list(request.sandbox.spec.tags))
         return fake.message(sandbox)
 
     async def GetSandbox(self, request, context):

@@ -8,7 +8,8 @@ The SDK runs every call on its own background event-loop thread and hands back f
 What a caller can rely on:
 
 * ``create(spec)``: ``spec.tags`` become cwsandbox tags ``"key:value"`` (CoreWeave turns tags into
-  Kubernetes labels), ``max_lifetime_seconds`` is ``spec.lifetime_s`` (a server-side limit), the
+  Kubernetes labels), ``max_lifetime_seconds`` is ``spec.lifetime_s`` capped by the ``max_lifetime_s``
+  setting (1800: a killed run's leftovers end within 30 minutes; the pool replaces members first), the
   image is ``spec.image`` or the ``image`` setting (``python:3.11``), ``resources`` are Guaranteed
   QoS from the ``cpu``/``memory`` settings or the spec, and with ``spec.network`` off all egress and
   ingress is denied. ``create`` waits until the sandbox runs; one that does not start in time (or
@@ -49,6 +50,7 @@ from trl_sandbox import (
     RateLimitError,
     ResourceLimits,
     SandboxError,
+    SandboxGoneError,
     SandboxInfo,
     SandboxSpec,
 )
@@ -127,7 +129,7 @@ def translate(exc: BaseException, what: str, sandbox_id: str | None = None) -> S
     if code == grpc.StatusCode.INVALID_ARGUMENT or isinstance(exc, (CWSandboxValidationError, ValueError, TypeError)):
         return ConfigError(f"{message}. The request was rejected; check the provider settings")
     if sandbox_id is not None and (code == grpc.StatusCode.NOT_FOUND or isinstance(exc, SandboxNotFoundError)):
-        return InfraError(f"CoreWeave Sandbox: sandbox {sandbox_id} vanished ({what}: {exc})")
+        return SandboxGoneError(f"CoreWeave Sandbox: sandbox {sandbox_id} vanished ({what}: {exc})")
     return InfraError(message)
 
 
@@ -328,7 +330,7 @@ class CoreWeaveProvider:
     * ``work_dir`` (``/tmp/trl-sandbox/work``; ``{id}`` is replaced by the sandbox id), ``rlimits``
       (apply ``SandboxSpec.limits`` with ``prlimit``; True), ``kill_after_timeout`` (True),
       ``start_timeout_s`` (90; keep it below the pool's create deadline), ``request_timeout_s`` (60),
-      ``stop_grace_s`` (0), ``max_concurrency``, ``sdk_signal_handlers`` (False: the trainer owns
+      ``stop_grace_s`` (0), ``max_lifetime_s`` (1800, at least 60), ``max_concurrency``, ``sdk_signal_handlers`` (False: the trainer owns
       SIGINT/SIGTERM; the SDK's own handlers are turned off, process-wide).
     """
 
@@ -353,6 +355,7 @@ class CoreWeaveProvider:
         stop_grace_s: float = 0.0,
         max_concurrency: int | None = None,
         sdk_signal_handlers: bool = False,
+        max_lifetime_s: float = 1800.0,
     ) -> None:
         import cwsandbox
 
@@ -392,6 +395,9 @@ class CoreWeaveProvider:
         self.start_timeout_s = number("coreweave", "start_timeout_s", start_timeout_s, float, 1)
         self.request_timeout_s = number("coreweave", "request_timeout_s", request_timeout_s, float, 1)
         self.stop_grace_s = number("coreweave", "stop_grace_s", stop_grace_s, float, 0)
+        # The service has no idle stop and no way to extend a lifetime, so a short one is the only
+        # bound on a killed run's leftovers; the pool replaces members before it ends.
+        self.lifetime_cap_s = number("coreweave", "max_lifetime_s", max_lifetime_s, float, 60)
         self.capabilities = Capabilities(
             network_isolation=True,
             files=True,
@@ -427,7 +433,7 @@ class CoreWeaveProvider:
             return Sandbox(
                 container_image=spec.image or self.image,
                 tags=encode_tags(spec.tags),
-                max_lifetime_seconds=max(1, math.ceil(spec.lifetime_s)),
+                max_lifetime_seconds=max(1, math.ceil(min(spec.lifetime_s, self.lifetime_cap_s))),
                 resources=resources,
                 network=None if spec.network else NetworkOptions(deny_egress=True, deny_ingress=True),
                 environment_variables={str(k): str(v) for k, v in spec.env.items()} or None,

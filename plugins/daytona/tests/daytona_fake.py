@@ -10,19 +10,27 @@ it stands in for the vendor's cloud, so only trusted test programs may be sent t
 Faults are injected per route (``create``, ``get``, ``list``, ``delete``, ``exec``, ``upload``,
 ``download``, ``activity``): ``fail(route, status, times, headers, message, match)`` answers the
 next requests (whose body contains ``match``, if given) with an error envelope; ``stick_next_creates(n)`` leaves new sandboxes in ``starting`` forever;
-``vanish(id)`` makes a sandbox disappear (404 everywhere).
+``vanish(id)`` makes a sandbox disappear (404 everywhere). ``chaos(seed, transient, vanish)``
+turns on seeded random faults like a busy real service's: each create and exec fails with
+probability ``transient`` (503, 502, 429 or a dropped connection) and each exec finds its sandbox
+reclaimed with probability ``vanish``; ``chaos(None)`` turns them off. ``created_labels`` records
+the labels of every sandbox ever created. ``latency`` (route -> seconds) delays answers, like a
+real service's create (about a second) and exec round trip (tens of milliseconds).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -51,6 +59,13 @@ class Fault:
     match: bytes | None = None  # only requests whose body contains this
 
 
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:
+        """Quiet about connections a client (or the chaos) dropped; loud about anything else."""
+        if not isinstance(sys.exc_info()[1], (ConnectionError, OSError)):
+            super().handle_error(request, client_address)
+
+
 class FakeDaytona:
     def __init__(self, page_size: int = 2) -> None:
         self.page_size = page_size
@@ -59,11 +74,14 @@ class FakeDaytona:
         self.calls: list[tuple[str, str | None]] = []  # (route, sandbox id)
         self.faults: dict[str, list[Fault]] = {}
         self.stuck_creates = 0
+        self.created_labels: list[dict] = []
+        self.latency: dict[str, float] = {}
+        self._chaos: tuple[random.Random, float, float] | None = None
         self.spawned: list = []  # every process started, killed at stop()
         self.connections: list = []
         self.lock = threading.Lock()
         self._ids = itertools.count(1)
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self.server = _Server(("127.0.0.1", 0), _Handler)
         self.server.daemon_threads = True
         self.server.fake = self  # type: ignore[attr-defined]
         self._thread = threading.Thread(target=self.server.serve_forever, name="fake-daytona", daemon=True)
@@ -110,6 +128,23 @@ class FakeDaytona:
                 Fault(status, times, dict(headers or {}), message or f"injected {status}",
                       match.encode() if match else None)
             )
+
+    def chaos(self, seed: int | None, transient: float = 0.2, vanish: float = 0.05) -> None:
+        with self.lock:
+            self._chaos = None if seed is None else (random.Random(seed), transient, vanish)
+
+    def roll(self, route: str) -> str | None:
+        """The chaos for one request: None, "vanish", or a transient fault's name."""
+        with self.lock:
+            if self._chaos is None or route not in ("create", "exec"):
+                return None
+            rng, transient, vanish = self._chaos
+            draw = rng.random()
+            if draw < transient:
+                return rng.choice(["503", "502", "429", "drop"])
+            if route == "exec" and draw < transient + vanish:
+                return "vanish"
+            return None
 
     def stick_next_creates(self, n: int = 1) -> None:
         with self.lock:
@@ -263,6 +298,18 @@ class _Handler(BaseHTTPRequestHandler):
         fault = fake.take_fault(route, body)
         if fault is not None:
             return self._error(fault.status, fault.message, headers=fault.headers)
+        if fake.latency.get(route):
+            time.sleep(fake.latency[route])  # this request's own thread: others go on meanwhile
+        chaos = fake.roll(route)
+        if chaos == "drop":  # the connection dies before an answer (a proxy restart, a reset)
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return None
+        if chaos == "vanish":
+            with contextlib.suppress(KeyError):
+                fake.vanish(sandbox_id or "")
+        elif chaos is not None:
+            return self._error(int(chaos), f"chaos: injected {chaos}")
         if route == "create":
             return self._create(json.loads(body or b"{}"))
         if route == "list":
@@ -305,6 +352,7 @@ class _Handler(BaseHTTPRequestHandler):
                 fake.stuck_creates -= 1
                 sandbox.state = "starting"
             fake.sandboxes[sandbox_id] = sandbox
+            fake.created_labels.append(dict(request.get("labels") or {}))
         self._send(200, fake.dto(sandbox))
 
     def _list(self) -> None:

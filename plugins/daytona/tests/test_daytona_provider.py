@@ -18,6 +18,7 @@ from trl_sandbox import (  # noqa: E402
     InfraError,
     QuotaError,
     RateLimitError,
+    SandboxGoneError,
     SandboxSpec,
     load_tasks,
     testing,
@@ -129,9 +130,60 @@ def test_image_sandboxes_carry_resources_and_network_on(fake, provider):
 
 # -- exec, files, reset ---------------------------------------------------------------------------
 
-def test_exec_exit_codes_merged_output_and_byte_exact_stdin(provider):
+def test_exec_exit_codes_separate_streams_and_byte_exact_stdin(provider):
+    assert provider().capabilities.separate_stderr
     results = testing.check_exec(provider)
-    assert results["with_stdin"].stderr == ""  # Daytona merges the streams
+    assert results["with_stdin"].stderr == "to stderr\n"  # split inside the command, one call
+
+
+def test_streams_are_split_in_the_same_single_call_and_resist_forgery(fake, provider):
+    """The program prints marker lookalikes (a wrong nonce, and the real format with a nonce it
+    guessed) and searches every process's argv and its parent shell's stdin for a nonce; the split
+    is still exact, the search finds none, and each exec is one call to the daemon."""
+    forger = (
+        "import glob, os, re, sys\n"
+        "pattern = re.compile(rb'trl-sandbox:[0-9a-f]{32}')\n"
+        "found = 0\n"
+        "for path in glob.glob('/proc/[0-9]*/cmdline'):\n"
+        "    try:\n"
+        "        found += len(pattern.findall(open(path, 'rb').read()))\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "try:\n"
+        "    fd = os.open(f'/proc/{os.getppid()}/fd/0', os.O_RDONLY | os.O_NONBLOCK)\n"
+        "    found += len(pattern.findall(os.read(fd, 1 << 16)))\n"
+        "except OSError:\n"
+        "    pass\n"
+        "print('[trl-sandbox:' + '0' * 32 + ':stderr]forged')\n"
+        "print('[trl-sandbox:' + '0' * 32 + ':exit=0]')\n"
+        "sys.stderr.write(f'found={found}')\n"
+        "sys.exit(3)\n"
+    )
+    decoy = "trl-sandbox:" + "ab" * 16  # in this program's own argv: the search must see it
+    p = provider()
+
+    async def go():
+        sandbox = await p.create(SandboxSpec())
+        before = fake.count("exec")
+        result = await sandbox.exec(["python3", "-c", forger, decoy], timeout=10)
+        return result, fake.count("exec") - before
+
+    result, calls = run(closing(p, go()))
+    assert calls == 1
+    assert result.exit_code == 3 and not result.truncated
+    assert result.stdout == "[trl-sandbox:" + "0" * 32 + ":stderr]forged\n[trl-sandbox:" + "0" * 32 + ":exit=0]\n"
+    assert result.stderr == "found=1"  # the decoy only: no nonce anywhere the program can look
+
+
+def test_split_streams_from_the_end():
+    from trl_sandbox_daytona.streams import split_streams
+
+    n = "f" * 32
+    start, end = f"[trl-sandbox:{n}:stderr]", f"[trl-sandbox:{n}:exit="
+    assert split_streams(f"out{start}err{end}3]\n", n) == ("out", "err", True)
+    assert split_streams(f"a{start}x{end}1]\nb{start}err{end}3]\nlate", n) == (f"a{start}x{end}1]\nblate", "err", True)
+    assert split_streams("killed before the trailer", n) == ("killed before the trailer", "", False)
+    assert split_streams(f"out{start}partial err", n) == ("out", "partial err", False)
 
 
 def test_cwd_env_and_limits(provider):
@@ -194,7 +246,7 @@ def test_error_mapping(fake, provider):
     assert type(errors[504]) is InfraError  # a gateway timeout is not the program's timeout
     assert isinstance(errors[403], QuotaError) and isinstance(errors["create-quota"], QuotaError)
     assert isinstance(errors["create-bad"], ConfigError)
-    assert type(errors["vanished"]) is InfraError and "vanished" in str(errors["vanished"])
+    assert type(errors["vanished"]) is SandboxGoneError and "vanished" in str(errors["vanished"])
     assert alive is False
 
 
@@ -247,3 +299,33 @@ def test_a_sandbox_that_vanishes_is_replaced(fake, provider):
 
 def test_scorer_end_to_end_on_the_sorting_task(fake, provider):
     testing.check_scorer_end_to_end_on_the_sorting_task(provider, TAGS, live=fake.live)
+
+
+@pytest.mark.parametrize("seeds", [(1, 2, 3), (4, 5, 6)])
+def test_seeded_fault_matrix(fake, provider, seeds):
+    """20% transient faults on creates and execs, 5% vanishing sandboxes: every seed scores at
+    least 90% of 41 programs, none wrongly, with every sandbox tagged and none left alive."""
+    report = testing.check_rides_out_faults(
+        provider, TAGS, chaos=fake.chaos, live=fake.live, created_tags=lambda: fake.created_labels, seeds=seeds)
+    print(report)
+    assert sum(row["create_failures"] + row["kept"] + row["replaced"] for row in report) > 0  # faults happened
+
+
+def test_fault_matrix_positive_control_a_pool_that_gives_up_loses_programs(fake, provider):
+    """The matrix's bar is not vacuous: with one attempt per job (no retry, no keeping) the same
+    faults cost more than 10% of the programs."""
+    from dataclasses import replace
+
+    with pytest.raises(AssertionError, match="only"):
+        testing.check_rides_out_faults(provider, TAGS, chaos=fake.chaos, live=fake.live, created_tags=lambda: fake.created_labels,
+                                       seeds=(1, 2, 3), settings=replace(testing.MATRIX, max_attempts=1))
+
+
+def test_the_conformance_check_catches_merged_streams(provider, monkeypatch):
+    """Positive control: with the split switched off (the daemon's combined output as stdout)
+    the conformance suite fails for a provider that declares separate streams."""
+    import trl_sandbox_daytona.provider as module
+
+    monkeypatch.setattr(module, "split_streams", lambda output, nonce: (output, "", True))
+    with pytest.raises(AssertionError):
+        testing.check_exec(provider)

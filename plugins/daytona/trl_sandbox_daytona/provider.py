@@ -10,9 +10,10 @@ What a caller can rely on:
   raising ``InfraError``.
 * ``exec(argv, stdin=...)``: Daytona runs a shell command string, so argv is quoted with
   ``shlex.join``. stdin is uploaded byte-exact as a file first and redirected (the file is unlinked
-  before the program starts); without stdin the program reads ``/dev/null``. **Daytona merges
-  stderr into stdout**: ``ExecResult.stderr`` is always empty and ``capabilities.separate_stderr``
-  is False. The time limit is enforced by Daytona's daemon in whole seconds (rounded up); it
+  before the program starts); without stdin the program reads ``/dev/null``. Daytona's daemon
+  merges stderr into stdout, so the command sends the program's stderr to a file and appends it
+  after nonce-marked separators (``streams.py``): ``stdout`` and ``stderr`` are the program's own,
+  with no extra call per exec (``capabilities.separate_stderr`` is True). The time limit is enforced by Daytona's daemon in whole seconds (rounded up); it
   kills the command's process group and answers 408, which becomes ``timed_out=True``.
   ``SandboxSpec.limits`` (CPU seconds, address space, file size, open files) are applied with
   ``prlimit`` when the sandbox image has it (checked once per sandbox).
@@ -33,6 +34,7 @@ import math
 import os
 import posixpath
 import re
+import secrets
 import shlex
 import time
 import uuid
@@ -49,11 +51,14 @@ from trl_sandbox import (
     RateLimitError,
     ResourceLimits,
     SandboxError,
+    SandboxGoneError,
     SandboxInfo,
     SandboxSpec,
 )
 from trl_sandbox.sandbox import exec_arguments
 from trl_sandbox.settings import flag, number
+
+from .streams import split_streams, split_streams_script
 
 log = logging.getLogger("trl_sandbox_daytona")
 
@@ -155,7 +160,7 @@ def translate(exc: BaseException, what: str, sandbox_id: str | None = None) -> S
     if status in (400, 422) or (status is None and isinstance(exc, DaytonaBadRequestError)):
         return ConfigError(f"{message}. Daytona rejected the request; check the provider settings")
     if status == 404 and sandbox_id is not None:
-        return InfraError(f"Daytona: sandbox {sandbox_id} vanished ({what}: {exc})")
+        return SandboxGoneError(f"Daytona: sandbox {sandbox_id} vanished ({what}: {exc})")
     return InfraError(message)
 
 
@@ -245,16 +250,15 @@ class DaytonaSandbox:
         env: Mapping[str, str] | None = None,
     ) -> ExecResult:
         argv, stdin = exec_arguments(argv, stdin, timeout)
-        program = self._wrap(argv)
+        nonce = secrets.token_hex(16)
+        stdin_path = None
         if stdin:
-            # Byte-exact stdin: upload it, open it as the program's stdin, unlink it, then exec.
-            path = posixpath.join(self.work_dir, f".trl-sandbox-stdin-{uuid.uuid4().hex}")
-            await self._upload(bytes(stdin), path, "uploading stdin")
-            quoted = shlex.quote(path)
-            command = f"{{ rm -f -- {quoted}; exec {program}; }} < {quoted}"
-        else:
-            # The daemon feeds the command text to the shell on its stdin: never let the program read it.
-            command = f"exec {program} < /dev/null"
+            # Byte-exact stdin: upload it; the script opens it as the program's stdin and unlinks it.
+            stdin_path = posixpath.join(self.work_dir, f".trl-sandbox-stdin-{uuid.uuid4().hex}")
+            await self._upload(bytes(stdin), stdin_path, "uploading stdin")
+        err_path = posixpath.join(posixpath.dirname(self.work_dir.rstrip("/")) or "/tmp",
+                                  f".trl-sandbox-stderr-{uuid.uuid4().hex}")
+        command = split_streams_script(self._wrap(argv), nonce, err_path, stdin_path)
         started = time.monotonic()
         try:
             response = await self._sb.process.exec(
@@ -268,12 +272,11 @@ class DaytonaSandbox:
                 return ExecResult(exit_code=None, timed_out=True, duration_s=time.monotonic() - started)
             raise translate(exc, "exec", self.id) from exc
         duration = time.monotonic() - started
-        output = response.result or ""
-        truncated = len(output) > self.limits.output_bytes
-        if truncated:
-            output = output[: self.limits.output_bytes]
-        return ExecResult(exit_code=response.exit_code, stdout=output, stderr="", truncated=truncated,
-                          duration_s=duration)
+        stdout, stderr, complete = split_streams(response.result or "", nonce)
+        cap = self.limits.output_bytes
+        truncated = not complete or len(stdout) > cap or len(stderr) > cap
+        return ExecResult(exit_code=response.exit_code, stdout=stdout[:cap], stderr=stderr[:cap],
+                          truncated=truncated, duration_s=duration)
 
     async def _upload(self, data: bytes, full: str, what: str) -> None:
         try:
@@ -425,7 +428,7 @@ class DaytonaProvider:
             network_isolation=True,
             files=True,
             persistent_state=True,
-            separate_stderr=False,  # Daytona's process.exec merges stderr into stdout
+            separate_stderr=True,  # split inside the command: see streams.py
             max_concurrency=number("daytona", "max_concurrency", max_concurrency, int, 1),
             fast_python=False,
         )

@@ -11,6 +11,7 @@ import asyncio
 import itertools
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -22,6 +23,7 @@ from trl_sandbox import (
     Program,
     QuotaError,
     RateLimitError,
+    SandboxGoneError,
     SandboxInfo,
     hookimpl,
 )
@@ -34,7 +36,11 @@ class Faults:
     create_failures: int = 0  # the first N creates raise InfraError
     create_quota: bool = False  # every create raises QuotaError
     create_delay_s: float = 0.0
-    exec_infra_failures: int = 0  # the first N execs raise InfraError
+    create_lands_late_s: float = 0.0  # the service makes the sandbox this late, even if the caller gave up
+    exec_infra_failures: int = 0  # the first N execs raise InfraError (the sandbox stays alive)
+    exec_vanish: int = 0  # the first N execs find their sandbox gone (SandboxGoneError)
+    exec_kills: int = 0  # the first N execs kill their sandbox and raise a plain InfraError
+    reset_failures: int = 0  # the first N resets raise InfraError (the sandbox stays alive)
     exec_rate_limits: int = 0  # the first N execs raise RateLimitError(retry_after)
     retry_after_s: float = 0.2
     exec_hangs: int = 0  # the first N execs never answer
@@ -63,6 +69,14 @@ class FlakySandbox:
         if f.exec_infra_failures > 0:
             f.exec_infra_failures -= 1
             raise InfraError("injected transport error")
+        if f.exec_vanish > 0:
+            f.exec_vanish -= 1
+            self.provider.live.pop(self.id, None)
+            raise SandboxGoneError(f"injected: sandbox {self.id} vanished")
+        if f.exec_kills > 0:
+            f.exec_kills -= 1
+            self.provider.live.pop(self.id, None)
+            raise InfraError("injected: connection reset (the sandbox died)")
         if f.exec_rate_limits > 0:
             f.exec_rate_limits -= 1
             f.calls.append(("rate_limited", time.monotonic()))
@@ -92,6 +106,9 @@ class FlakySandbox:
     async def reset(self) -> None:
         self.resets += 1
         self.files.clear()
+        if self.provider.faults.reset_failures > 0:
+            self.provider.faults.reset_failures -= 1
+            raise InfraError("injected: reset failed")
         if not await self.alive():
             raise InfraError("sandbox died")
 
@@ -128,6 +145,21 @@ class FlakyProvider:
         if f.create_quota:
             raise QuotaError("injected: sandbox limit reached")
         sandbox = FlakySandbox(self, f"flaky-{os.getpid()}-{next(_ids)}", dict(spec.tags))
+        if f.create_lands_late_s:
+            # The "service" (a timer thread) makes the sandbox later, whatever the caller does.
+            landed = asyncio.Event()
+            loop = asyncio.get_running_loop()
+
+            def land() -> None:
+                self.live[sandbox.id] = sandbox
+                try:
+                    loop.call_soon_threadsafe(landed.set)
+                except RuntimeError:  # the caller's loop is gone
+                    pass
+
+            threading.Timer(f.create_lands_late_s, land).start()
+            f.calls.append(("create", sandbox.id))
+            await landed.wait()
         if f.create_delay_s:
             # The sandbox exists server-side before the create call returns (like a slow remote create).
             self.live[sandbox.id] = sandbox

@@ -1,0 +1,196 @@
+"""One GRPO batch on a remote provider: the trl-sandbox pool next to the bare SDK used as the
+vendors' examples use it.
+
+    .venv/bin/python benchmarks/bench_remote.py [--completions 64] [--pool 16] [--seeds 1,2,3]
+
+Against the fake Daytona of ``plugins/daytona/tests`` (the real ``daytona`` SDK on loopback) with
+injected latency (create 1 s, exec 50 ms), a batch of ``completions`` programs runs three ways:
+
+* ``trl-sandbox pool``: ``SandboxPool`` of ``pool`` sandboxes, started before the batch (in
+  training it starts with ``on_train_begin``, behind model loading: its warm-up is reported
+  apart); every lease is reset (one more exec round trip) so each program starts clean.
+* ``bare: create per completion``: ``AsyncDaytona.create`` + ``process.exec`` + ``delete`` for each
+  completion, all at once (CoreWeave's and E2B's RL examples).
+* ``bare: round-robin pool``: ``pool`` sandboxes created up front, completions spread over them in
+  turn, no reset between programs (a shared, dirty sandbox).
+
+Each runs once quiet and then once per seed with 20% transient faults on creates and execs and 5%
+vanishing sandboxes. Reported per run: the batch's latency (the reward call), programs scored
+correctly, sandboxes created, and sandboxes left alive afterwards. Writes
+``benchmarks/results/remote.json`` with the machine it ran on and prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from machine import machine
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "plugins" / "daytona" / "tests"))
+
+from daytona_fake import API_KEY, FakeDaytona  # noqa: E402
+
+from trl_sandbox.plugins import make_provider  # noqa: E402
+from trl_sandbox.pool import PoolSettings, SandboxPool  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results" / "remote.json"
+LATENCY = {"create": 1.0, "exec": 0.05}
+
+
+def program(i: int) -> list[str]:
+    return ["python3", "-c", f"print({i} * {i})"]
+
+
+def correct(i: int, stdout: str | None, exit_code: int | None) -> bool:
+    return exit_code == 0 and stdout == f"{i * i}\n"
+
+
+def run_pool(fake: FakeDaytona, work: str, n: int, size: int) -> dict:
+    provider = make_provider("daytona", {"api_key": API_KEY, "api_url": fake.api_url, "work_dir": f"{work}/{{id}}"})
+    settings = PoolSettings(backoff_initial_s=0.05, backoff_max_s=0.5, lease_timeout_s=120.0, outage_s=120.0)
+    pool = SandboxPool(provider, size=size, settings=settings, made_by="benchmark")
+    t0 = time.perf_counter()
+    pool.start(wait=False)
+    deadline = time.monotonic() + 120
+    while pool.members < size and time.monotonic() < deadline:
+        time.sleep(0.01)
+    warm = time.perf_counter() - t0
+
+    async def batch() -> list:
+        return await asyncio.gather(*(pool.aexec(program(i), timeout=10) for i in range(n)), return_exceptions=True)
+
+    try:
+        t1 = time.perf_counter()
+        results = pool.loop.run(batch())
+        latency = time.perf_counter() - t1
+    finally:
+        pool.close()
+    scored = sum(1 for i, r in enumerate(results) if not isinstance(r, BaseException) and correct(i, r.stdout, r.exit_code))
+    return {"latency_s": latency, "warmup_s": warm, "scored": scored}
+
+
+async def _bare_client():
+    from daytona import AsyncDaytona, DaytonaConfig
+
+    return AsyncDaytona(DaytonaConfig(api_key=API_KEY, api_url=FAKE_URL[0]))
+
+
+FAKE_URL = [""]
+
+
+def _params():
+    from daytona import CreateSandboxFromSnapshotParams
+
+    return CreateSandboxFromSnapshotParams(labels={"bench": "bare"}, ephemeral=True)
+
+
+def _command(i: int) -> str:
+    return f"python3 -c 'print({i} * {i})'"
+
+
+async def _bare_per_completion(n: int) -> dict:
+    client = await _bare_client()
+
+    async def one(i: int) -> bool:
+        try:
+            sandbox = await client.create(_params(), timeout=60)
+        except Exception:
+            return False
+        try:
+            response = await sandbox.process.exec(_command(i), timeout=10)
+            return correct(i, response.result, response.exit_code)
+        except Exception:
+            return False
+        finally:
+            try:
+                await client.delete(sandbox)
+            except Exception:
+                pass
+
+    t0 = time.perf_counter()
+    results = await asyncio.gather(*(one(i) for i in range(n)))
+    latency = time.perf_counter() - t0
+    await client.close()
+    return {"latency_s": latency, "warmup_s": 0.0, "scored": sum(results)}
+
+
+async def _bare_round_robin(n: int, size: int) -> dict:
+    client = await _bare_client()
+    t0 = time.perf_counter()
+    made = await asyncio.gather(*(client.create(_params(), timeout=60) for _ in range(size)), return_exceptions=True)
+    sandboxes = [s for s in made if not isinstance(s, BaseException)]
+    warm = time.perf_counter() - t0
+
+    async def one(i: int) -> bool:
+        if not sandboxes:
+            return False
+        try:
+            response = await sandboxes[i % len(sandboxes)].process.exec(_command(i), timeout=10)
+            return correct(i, response.result, response.exit_code)
+        except Exception:
+            return False
+
+    t1 = time.perf_counter()
+    results = await asyncio.gather(*(one(i) for i in range(n)))
+    latency = time.perf_counter() - t1
+    for sandbox in sandboxes:
+        try:
+            await client.delete(sandbox)
+        except Exception:
+            pass
+    await client.close()
+    return {"latency_s": latency, "warmup_s": warm, "scored": sum(results)}
+
+
+def measure(way: str, n: int, size: int, seed: int | None) -> dict:
+    fake = FakeDaytona(page_size=100).start()
+    fake.latency = dict(LATENCY)
+    FAKE_URL[0] = fake.api_url
+    try:
+        fake.chaos(seed)
+        with tempfile.TemporaryDirectory() as work:
+            if way == "trl-sandbox pool":
+                row = run_pool(fake, work, n, size)
+            elif way == "bare: create per completion":
+                row = asyncio.run(_bare_per_completion(n))
+            else:
+                row = asyncio.run(_bare_round_robin(n, size))
+        fake.chaos(None)
+        row.update(way=way, seed=seed, created=len(fake.created_labels), left_alive=len(fake.live()))
+    finally:
+        fake.stop()
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--completions", type=int, default=64)
+    ap.add_argument("--pool", type=int, default=16)
+    ap.add_argument("--seeds", default="1,2,3")
+    args = ap.parse_args()
+    seeds = [None] + [int(s) for s in args.seeds.split(",") if s]
+    ways = ["trl-sandbox pool", "bare: round-robin pool", "bare: create per completion"]
+    rows = [measure(way, args.completions, args.pool, seed) for seed in seeds for way in ways]
+    print(f"| way | faults | reward-call latency (s) | scored / {args.completions} | created | left alive | warm-up (s) |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        faults = "none" if r["seed"] is None else f"20%+5% (seed {r['seed']})"
+        print(f"| {r['way']} | {faults} | {r['latency_s']:.2f} | {r['scored']} | {r['created']} | {r['left_alive']} "
+              f"| {r['warmup_s']:.2f} |")
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    from importlib.metadata import version
+
+    RESULTS.write_text(json.dumps({"machine": {**machine(), "daytona": version("daytona")}, "latency": LATENCY,
+                                   "completions": args.completions, "pool": args.pool, "rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
