@@ -13,8 +13,8 @@ from trl_sandbox.generic_task import (
     tasks_from_dict,
 )
 from trl_sandbox.pool import SandboxPool
+from trl_sandbox.resolve import resolve_task
 from trl_sandbox.scoring import Scorer
-from trl_sandbox.tasks import resolve_task
 
 from .task_helpers import judge_pool, score
 

@@ -31,7 +31,7 @@ from .tasks import Outcome, Program, Task, load_tasks
 __version__ = "0.1.0"
 
 _LAZY = {
-    "SandboxGRPOConfig": "trl_sandbox.trainer",
+    "SandboxGRPOConfig": "trl_sandbox.config",
     "SandboxGRPOTrainer": "trl_sandbox.trainer",
     "SandboxReward": "trl_sandbox.rewards",
     "SandboxEnvironment": "trl_sandbox.environment",
@@ -66,10 +66,11 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from .config import SandboxGRPOConfig
     from .environment import SandboxEnvironment
     from .pool import SandboxPool
     from .rewards import SandboxReward
-    from .trainer import SandboxGRPOConfig, SandboxGRPOTrainer
+    from .trainer import SandboxGRPOTrainer
 
 
 def __getattr__(name: str):

@@ -18,6 +18,7 @@ import fractions
 import gc
 import os
 import sys
+import time
 
 NONCE_BYTES = 16
 _MAX_TEXT = 2000
@@ -314,3 +315,50 @@ def _start_candidate(spec, nonce):
     os.close(req_r)
     os.close(resp_w)
     return pid, req_w, resp_r
+
+
+# -- the candidate's time budget (used by the judge's half) ------------------------------------
+
+
+def _cpu_seconds(pid):
+    """CPU seconds of process ``pid`` and the children it reaped; None once it is gone."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])) / _CLK_TCK
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+try:
+    _CLK_TCK = os.sysconf("SC_CLK_TCK")
+except (ValueError, OSError):
+    _CLK_TCK = 100
+
+
+class _Clock:
+    """The candidate's time budget. ``cpu``: its own CPU time (loading and every call), so a
+    candidate that only waited for a core, because other programs were busy, still gets its whole
+    budget; the wall clock ends one that sleeps or blocks, at ``wall_limit``. ``wall``: the budget
+    is wall-clock time. The candidate's CPU is read only once it could have used the budget up."""
+
+    def __init__(self, start, limit, wall_limit, mode):
+        self.cpu = mode == "cpu"
+        self.limit = limit
+        self.wall_deadline = start + (wall_limit if self.cpu else limit)
+        self.next_check = start + limit if self.cpu else self.wall_deadline
+
+    def wait_s(self, pid):
+        """Seconds to wait before looking again; None once the budget is spent."""
+        now = time.monotonic()
+        if now >= self.wall_deadline:
+            return None
+        if now >= self.next_check:
+            used = _cpu_seconds(pid)
+            if used is not None:
+                if used >= self.limit:
+                    return None
+                self.next_check = now + max(0.005, self.limit - used)
+            else:
+                self.next_check = now + 0.05  # gone: the pipe reports it
+        return min(self.next_check, self.wall_deadline) - now

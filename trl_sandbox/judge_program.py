@@ -48,6 +48,7 @@ if __name__ != "__main__":
     from trl_sandbox.judge_candidate import (
         _MAX_TEXT,
         NONCE_BYTES,
+        _Clock,
         _exc_text,
         _nondumpable,
         _read_message,
@@ -102,49 +103,6 @@ class _PlainUnpickler(_pickle.Unpickler):
 # -- the judge's side of the conversation --------------------------------------------------------------
 
 
-def _cpu_seconds(pid):
-    """CPU seconds of process ``pid`` and the children it reaped; None once it is gone."""
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])) / _CLK_TCK
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-try:
-    _CLK_TCK = os.sysconf("SC_CLK_TCK")
-except (ValueError, OSError):
-    _CLK_TCK = 100
-
-
-class _Clock:
-    """The candidate's time budget. ``cpu``: its own CPU time (loading and every call), so a
-    candidate that only waited for a core, because other programs were busy, still gets its whole
-    budget; the wall clock ends one that sleeps or blocks, at ``wall_limit``. ``wall``: the budget
-    is wall-clock time. The candidate's CPU is read only once it could have used the budget up."""
-
-    def __init__(self, start, limit, wall_limit, mode):
-        self.cpu = mode == "cpu"
-        self.limit = limit
-        self.wall_deadline = start + (wall_limit if self.cpu else limit)
-        self.next_check = start + limit if self.cpu else self.wall_deadline
-
-    def wait_s(self, pid):
-        now = time.monotonic()
-        if now >= self.wall_deadline:
-            raise _Timeout()
-        if now >= self.next_check:
-            used = _cpu_seconds(pid)
-            if used is not None:
-                if used >= self.limit:
-                    raise _Timeout()
-                self.next_check = now + max(0.005, self.limit - used)
-            else:
-                self.next_check = now + 0.05  # gone: the pipe reports it
-        return min(self.next_check, self.wall_deadline) - now
-
-
 class _Conn:
     """The judge's end of the pipe pair. After the first timeout, exit or protocol error the
     candidate is unusable: ``failure`` records what happened and every later call raises."""
@@ -176,7 +134,10 @@ class _Conn:
         raise _Dead()
 
     def _remaining(self):
-        return self.clock.wait_s(self.pid)
+        left = self.clock.wait_s(self.pid)
+        if left is None:
+            raise _Timeout()
+        return left
 
     def _read(self, n):
         chunks = []

@@ -20,9 +20,10 @@ from typing import Any
 
 from .content_guard import build_guarded, score_guarded
 from .pool import SandboxPool
+from .resolve import resolve_task
 from .sandbox import ExecResult
 from .schemes import RewardScheme, get_scheme
-from .tasks import Outcome, Program, Task, resolve_task
+from .tasks import Outcome, Program, Task
 
 NONCE_BYTES = 16
 

@@ -113,15 +113,3 @@ def load_tasks(name: str = "builtin", validate: bool = False, **options: Any):
     if not rows:
         raise ConfigError(f"task set {name!r} produced no rows for options {options!r}")
     return Dataset.from_list(rows)
-
-
-def resolve_task(row: Mapping[str, Any]) -> Task:
-    """The task set that scores ``row``: its ``sandbox_task`` column, else the generic task."""
-    from .plugins import get_task_set
-
-    name = row.get(TASK_COLUMN)
-    if name:
-        return get_task_set(str(name))
-    from .generic_task import GenericTask
-
-    return GenericTask.check_row(row)
