@@ -170,8 +170,13 @@ def test_string_built_attribute_dodge_sorts_without_a_ban_and_is_banned(name):
 
 @pytest.mark.parametrize("name", sorted(IMPORTING_PROGRAMS))
 def test_library_internals_dodge_sorts_without_a_ban_and_is_banned(name):
+    import enum
+
     program = IMPORTING_PROGRAMS[name]
-    assert _run_plain(program, [3, 1, 2]) == [1, 2, 3]
+    # Some routes exist only on some Pythons (enum.bltns since 3.11): the control runs where they do,
+    # and the ban holds on every version (the sandbox's Python may differ from the host's).
+    if {"enum_module_holds_builtins": hasattr(enum, "bltns")}.get(name, True):
+        assert _run_plain(program, [3, 1, 2]) == [1, 2, 3]
     assert IMPORTING_POLICY.violations(program), name
     assert BanPolicy.from_patterns([]).violations(program) == []  # nothing banned: nothing checked
 
