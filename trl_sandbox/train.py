@@ -11,12 +11,16 @@ import json
 import os
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+# transformers 5 renamed gradient checkpointing to activation checkpointing; TRL 1.16 still asks for
+# the old names at every step, and each ask prints a FutureWarning. Nothing for a user to change.
+warnings.filterwarnings("ignore", message=r".*gradient_checkpointing.*is deprecated", category=FutureWarning)
 
 # The original example (Qwen3-1.7B-Base on the two built-in tasks, one GPU, vLLM colocate).
 ORIGINAL_DEFAULTS: dict[str, Any] = {
