@@ -54,10 +54,9 @@ _ESCAPE_ATTRIBUTES_EXTRA = frozenset({"modules"})  # ``sys.modules`` under any a
 
 
 @functools.lru_cache(maxsize=16)
-def module_aliases(allowed: frozenset[str]) -> frozenset[str]:
-    """Attribute names under which an allowed module (or one of its allowed submodules) holds a module
-    that is *not* allowed: ``typing.sys``, ``enum.bltns`` (builtins), ``fractions.operator``..."""
-    found: set[str] = set()
+def _allowed_module_attrs(allowed: frozenset[str]) -> tuple[tuple[str, object], ...]:
+    """``(attribute, value)`` of every allowed module and of the allowed modules they hold, once."""
+    pairs: list[tuple[str, object]] = []
     seen: set[str] = set()
     todo = [name for name in allowed if name != "__future__"]
     while todo:
@@ -70,13 +69,20 @@ def module_aliases(allowed: frozenset[str]) -> frozenset[str]:
         except Exception:
             continue
         for attr, value in list(vars(module).items()):
-            if not isinstance(value, types.ModuleType):
-                continue
-            if value.__name__.split(".")[0] in allowed:
+            pairs.append((attr, value))
+            if isinstance(value, types.ModuleType) and value.__name__.split(".")[0] in allowed:
                 todo.append(value.__name__)
-            else:
-                found.add(attr)
-    return frozenset(found)
+    return tuple(pairs)
+
+
+@functools.lru_cache(maxsize=16)
+def module_aliases(allowed: frozenset[str]) -> frozenset[str]:
+    """Attribute names under which an allowed module (or one of its allowed submodules) holds a module
+    that is *not* allowed: ``typing.sys``, ``enum.bltns`` (builtins), ``fractions.operator``..."""
+    return frozenset(
+        attr for attr, value in _allowed_module_attrs(allowed)
+        if isinstance(value, types.ModuleType) and value.__name__.split(".")[0] not in allowed
+    )
 
 
 @functools.lru_cache(maxsize=16)
@@ -86,25 +92,11 @@ def library_private_names(allowed: frozenset[str]) -> frozenset[str]:
     the code's own, even where the code defines the same name to make the read look like its own."""
     found: set[str] = set()
     objects: list[object] = list(vars(builtins).values())
-    seen: set[str] = set()
-    todo = [name for name in allowed if name != "__future__"]
-    while todo:
-        name = todo.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        try:
-            module = importlib.import_module(name)
-        except Exception:
-            continue
-        for attr, value in list(vars(module).items()):
-            if is_private(attr):
-                found.add(attr)
-            if isinstance(value, types.ModuleType):
-                if value.__name__.split(".")[0] in allowed:
-                    todo.append(value.__name__)
-            else:
-                objects.append(value)
+    for attr, value in _allowed_module_attrs(allowed):
+        if is_private(attr):
+            found.add(attr)
+        if not isinstance(value, types.ModuleType):
+            objects.append(value)
     for value in objects:
         for cls in (value if isinstance(value, type) else type(value)).__mro__:
             found.update(attr for attr in vars(cls) if is_private(attr))
