@@ -398,3 +398,63 @@ def test_fifos_and_devices_left_by_a_program_do_not_hang_the_supervisor(box):
     assert time.monotonic() - start < 15
     clean_after(box, r)
     box.reset()
+
+
+# -- time budgets: work handed to a child is the candidate's own --------------------------------
+
+
+def _loop_count_for(seconds: float) -> int:
+    """Iterations of ``w += i`` that take about ``seconds`` of CPU on this machine."""
+    n, start = 2_000_000, time.process_time()
+    w = 0
+    for i in range(n):
+        w += i
+    return int(n * seconds / max(1e-3, time.process_time() - start))
+
+
+OFFLOADED = """
+import os, pickle
+def _slow(xs):
+    w = 0
+    for i in range({n}):
+        w += i
+    best = cur = xs[0]
+    for x in xs[1:]:
+        cur = max(x, cur + x)
+        best = max(best, cur)
+    return best
+def max_subarray_sum(xs):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the work runs in a child, whose CPU the candidate's own counter does not show
+        os.write(w, pickle.dumps(_slow(xs)))
+        os._exit(0)
+    os.close(w)
+    data = b""
+    while True:
+        chunk = os.read(r, 65536)
+        if not chunk:
+            break
+        data += chunk
+    os.waitpid(pid, 0)
+    return pickle.loads(data)
+"""
+
+
+def test_work_handed_to_a_child_counts_against_the_candidates_budget():
+    """A solution ~3x too slow for its CPU budget must not pass by doing the work in a child process
+    (the judge's budget covers the candidate's whole process family, not its own process)."""
+    from trl_sandbox.builtin_tasks import TASKS
+    from trl_sandbox.generic_task import tasks_from_dict
+    from trl_sandbox.pool import SandboxPool
+    from trl_sandbox.scoring import Scorer
+
+    entry = {**TASKS["max_subarray"], "tests": ["[-2, 1, -3, 4, -1, 2, 1, -5, 4]"]}
+    program = OFFLOADED.format(n=_loop_count_for(0.8))
+    tight = tasks_from_dict({"max_subarray": {**entry, "timeout": 0.3}}, extract="raw")[0]
+    generous = tasks_from_dict({"max_subarray": {**entry, "timeout": 10.0}}, extract="raw")[0]
+    with SandboxPool.open("local", size=1) as pool:
+        scorer = Scorer(pool, cache_size=0)
+        slow, control = scorer.score([program, program], [tight, generous])
+    assert control.status == "passed", control  # the program is right: only its budget stops it
+    assert slow.status == "timeout" and slow.reward == -1.0, slow

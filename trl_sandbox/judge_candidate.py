@@ -321,13 +321,34 @@ def _start_candidate(spec, nonce):
 
 
 def _cpu_seconds(pid):
-    """CPU seconds of process ``pid`` and the children it reaped; None once it is gone."""
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])) / _CLK_TCK
-    except (OSError, IndexError, ValueError):
+    """CPU seconds of the candidate process ``pid`` and every process it started, live or reaped:
+    its descendants and whatever shares the judge's process group (work handed to a child, even
+    one that moved to a new session after being counted here, is the candidate's work too). The
+    judge itself and PID 1 are left out. None once the candidate is gone."""
+    me, group = os.getpid(), os.getpgrp()
+    procs = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/" + name + "/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            procs[int(name)] = (int(fields[1]), int(fields[2]), sum(int(x) for x in fields[11:15]))
+        except (OSError, IndexError, ValueError):
+            continue
+    if pid not in procs:
         return None
+    family = {pid}
+    grew = True
+    while grew:
+        grew = False
+        for other, (ppid, _, _) in procs.items():
+            if ppid in family and other not in family:
+                family.add(other)
+                grew = True
+    ticks = sum(t for other, (_, pgrp, t) in procs.items()
+                if other not in (me, 1) and (other in family or pgrp == group))
+    return ticks / _CLK_TCK
 
 
 try:
