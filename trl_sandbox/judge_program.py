@@ -41,10 +41,10 @@ import select
 import sys
 import time
 
-if __name__ != "__main__":
+if "_start_candidate" not in globals():
     # Imported on the host (tests, tools): the candidate half is a module of its own. In the sandbox
     # this text runs right after judge_candidate.py's (``trl_sandbox.judge.JUDGE_SOURCE``), which
-    # has already defined these names.
+    # has already defined these names (as a program, or in the local fork server's warm-up).
     from trl_sandbox.judge_candidate import (
         _MAX_TEXT,
         NONCE_BYTES,
@@ -115,6 +115,7 @@ class _Conn:
         self.max_bytes = max_bytes
         self.seq = 0
         self.failure = None
+        self.pending = b""  # read from the candidate, not yet taken
         os.set_blocking(wfd, False)
 
     @staticmethod
@@ -140,27 +141,26 @@ class _Conn:
         return left
 
     def _read(self, n):
-        chunks = []
-        while n > 0:
+        """The next ``n`` bytes. A read takes whatever is there (a whole reply, usually), up to
+        the size of the message being read, so nothing beyond ``max_bytes`` is ever buffered."""
+        while len(self.pending) < n:
             ready, _, _ = select.select([self.rfd], [], [], self._remaining())
             if not ready:
                 continue  # the budget is looked at again (and raises when it is spent)
-            chunk = os.read(self.rfd, min(n, 1 << 20))
+            chunk = os.read(self.rfd, min(max(n - len(self.pending), 1 << 16), 1 << 20))
             if not chunk:
                 raise _Exited()
-            chunks.append(chunk)
-            n -= len(chunk)
-        return b"".join(chunks)
+            self.pending += chunk
+        data, self.pending = self.pending[:n], self.pending[n:]
+        return data
 
     def _write(self, data):
         view = memoryview(data)
         while view:
-            _, ready, _ = select.select([], [self.wfd], [], self._remaining())
-            if not ready:
-                continue
-            try:
+            try:  # the pipe is empty between calls: a request usually goes in one write, at once
                 written = os.write(self.wfd, view)
             except BlockingIOError:
+                _, ready, _ = select.select([], [self.wfd], [], self._remaining())
                 continue
             except OSError:
                 raise _Exited() from None

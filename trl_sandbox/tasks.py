@@ -12,6 +12,7 @@ verdict from a judge process the candidate cannot touch), and the task decides o
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -45,14 +46,22 @@ class Program:
     def key(self, salt: str = "") -> str:
         """A hash of everything that determines the result (for dedup within a batch and caching)."""
         h = hashlib.sha256()
-        for part in (salt, repr(self.argv), repr(self.timeout), repr(self.nonce_on_stdin)):
+        for part in (salt, repr(self.timeout), repr(self.nonce_on_stdin)):
             h.update(part.encode("utf-8", "surrogatepass"))  # model text may hold lone surrogates
             h.update(b"\0")
+        h.update(_argv_digest(tuple(self.argv)))
         h.update(self.stdin)
         for path, data in self.files:
             h.update(path.encode("utf-8", "surrogatepass") + b"\0")
             h.update(hashlib.sha256(data).digest())
         return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=64)
+def _argv_digest(argv: tuple[str, ...]) -> bytes:
+    """The argv's part of a program's key, kept for the argvs seen last: a judged program's argv
+    is the judge's whole source, the same for every completion."""
+    return hashlib.sha256(repr(argv).encode("utf-8", "surrogatepass")).digest()
 
 
 @dataclass(frozen=True)

@@ -113,7 +113,12 @@ class SandboxGroup:
         if self._oom_file is None:
             return False
         try:
-            for line in read_text(self._oom_file).splitlines():
+            fd = os.open(self._oom_file, os.O_RDONLY | os.O_CLOEXEC)  # after every exec: kept cheap
+            try:
+                text = os.read(fd, 4096).decode("ascii", "replace")
+            finally:
+                os.close(fd)
+            for line in text.splitlines():
                 key, _, value = line.partition(" ")
                 if key == "oom_kill":
                     seen, self._oom_seen = self._oom_seen, int(value)

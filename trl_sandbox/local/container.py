@@ -243,6 +243,8 @@ class LocalSandbox:
         env: Mapping[str, str] | None = None,
     ) -> ExecResult:
         argv, stdin = exec_arguments(argv, stdin, timeout, allow_empty=True)  # the supervisor answers 127
+        tokens = self._provider.warm_tokens
+        argv = [tokens.get(a, a) for a in argv]
         if env:
             env = {str(k): str(v) for k, v in env.items()}
         stdin = stdin or b""

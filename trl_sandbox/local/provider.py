@@ -85,6 +85,7 @@ import uuid
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 
+from ..judge import JUDGE_SOURCE
 from ..sandbox import Capabilities, ConfigError, InfraError, SandboxInfo, SandboxSpec
 from ..settings import number
 from . import mounts
@@ -210,6 +211,9 @@ class LocalProvider:
             raise ConfigError(f"provider setting wall_margin_s={wall_margin_s!r} must be 0 or more")
         self.wall_timeouts = 0  # execs ended by the wall-clock backstop (slept or blocked), not by CPU
         self._preload = tuple(preload)
+        # Trusted programs every sandbox runs ahead (the judge: see supervisor/main.warm_up). An exec
+        # names one by its token, so its source does not travel with every exec.
+        self.warm_tokens: dict[str, str] = {JUDGE_SOURCE: "\0trl-sandbox-warm-0"}
         uid = number("local", "sandbox_uid", sandbox_uid, int, required=True)
         drop: dict = {}
         host_uid = number("local", "host_uid", host_uid, int)
@@ -317,6 +321,7 @@ class LocalProvider:
             "output_bytes": limits.output_bytes,
             "python_names": [self._python],
             "preload": list(self._preload),
+            "warm": [[token, source] for source, token in self.warm_tokens.items()],
             "cache_bytes": self._cache_bytes,
             **self._supervisor_options,
         }

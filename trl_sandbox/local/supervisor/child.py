@@ -119,7 +119,10 @@ def run_python_child(job):
         elif isinstance(code, BaseException):
             raise code
         del job, source
-        exec(code, namespace)
+        if callable(code):  # a warm program's main() (forkserver.do_exec)
+            code()
+        else:
+            exec(code, namespace)
     except SystemExit as exc:
         status = exit_status(exc)
     except BaseException as exc:

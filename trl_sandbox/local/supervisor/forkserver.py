@@ -155,6 +155,8 @@ def do_exec(request):
             os.close(stdin_fd)
         reply(K_RESULT, code=EXIT_NOT_FOUND, part2=b"trl-sandbox: empty argv\n")
         return None
+    if S.WARM_SOURCES:
+        argv = [S.WARM_SOURCES.get(a, a) if a[:1] == "\0" else a for a in argv]
     plan = python_plan(argv, READ_STDIN if stdin_fd != S.DEVNULL else None, cwd, env)
     code = None
     if plan is not None:
@@ -162,7 +164,11 @@ def do_exec(request):
             plan = (read_fd(stdin_fd),) + plan[1:]
             os.close(stdin_fd)
             stdin_fd = S.DEVNULL
-        code = compiled(plan[0], plan[1])
+        # A warm program (the judge, see main.warm_up) runs as its main() in the child; only an
+        # isolated one (-I), whose imports cannot depend on the directory it is started in.
+        code = S.WARM.get(plan[0]) if plan[3] is None and plan[1] == "<string>" else None
+        if code is None:
+            code = compiled(plan[0], plan[1])
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     # A page of its own for every exec: whatever a program writes into it dies with the exec.

@@ -17,6 +17,10 @@ ORIGINAL_STDIO = ()  # kept alive so that replacing them in a child frees nothin
 RLIMITS = []
 PRE_FORK = []  # fork hooks that must give each child fresh state, run in the supervisor instead
 CACHE = {}
+# Trusted programs sent with the configuration (the judge), their module body already run here:
+# source text -> the ``main`` function an exec of exactly that source calls in the forked child.
+WARM = {}
+WARM_SOURCES = {}  # token (a NUL-led string, never a real argument) -> the source it stands for
 SEEN = set()  # hashes of sources compiled once and not kept
 CACHE_BYTES = [0]
 CACHE_MAX_BYTES = 1 << 20
