@@ -13,12 +13,17 @@ Needs ``pip install trl-sandbox[lora]`` (peft).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from trl import TrlParser
 
 from trl_sandbox import ConfigError, SandboxGRPOConfig, SandboxGRPOTrainer, load_tasks
+
+# TRL 1.16 asks transformers 5 for gradient checkpointing by its old name at every step (a FutureWarning
+# each time); nothing for a user to change (trl_sandbox/train.py does the same).
+warnings.filterwarnings("ignore", message=r".*gradient_checkpointing.*is deprecated", category=FutureWarning)
 
 
 @dataclass
