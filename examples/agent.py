@@ -8,7 +8,8 @@
 Every rollout is an episode in a sandbox that keeps its files between tool calls
 (``SandboxEnvironment``): the tools are ``bash``, ``read_file``, ``write_file`` and
 ``run_tests``, which judges ``solution.py`` with the task's hidden tests and answers with the
-verdict and the first error (``error: 0/1 tests passed (failed: name 'x' is not defined)``).
+verdict, the count of passing tests and, when the code raised, its error
+(``error: 0/1 tests passed (failed: name 'x' is not defined)``).
 ``--max_attempts`` is the attempt budget: how many times ``run_tests`` judges in one episode.
 The episode's reward is the verdict on ``solution.py`` as the episode left it.
 

@@ -116,7 +116,7 @@ def summarize(items: Sequence[dict[str, Any]], outcomes: Sequence[Any], out=sys.
     print("Outcomes: " + ", ".join(f"{s} {n}" for s, n in sorted(counts.items())), file=out)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--input", help="JSONL of {completion, task columns..., id}; default: a toy batch")
     parser.add_argument("--provider", default="local", help="sandbox provider (`trl-sandbox providers`)")
@@ -124,7 +124,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=None,
                         help="seconds per program, for rows without a 'timeout' column (default: the task's)")
     parser.add_argument("--scheme", default="original", help="reward scheme: original, binary, partial, weighted:1,1,2, task")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         if args.timeout is not None and args.timeout <= 0:
             raise ConfigError(f"--timeout must be a positive number of seconds, got {args.timeout}")

@@ -109,3 +109,32 @@ def test_a_brief_training_run_scores_every_episode(tmp_path):
         assert r["rewards/SandboxEnvironment/mean"] == 0.0, r
         assert r["sandbox/failed"] == 2 and r["sandbox/infra"] == 0, r
     assert trainer.sandbox_pool.members == 0, "the pool is torn down after training"
+
+
+def test_a_plain_grpo_trainer_runs_episodes_from_the_factory(tmp_path):
+    """No SandboxGRPOTrainer to bind a pool: ``SandboxEnvironment.factory`` brings its own."""
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+    from trl.chat_template_utils import qwen2_5_chat_template
+
+    from tests import tiny
+
+    example = runpy.run_path(str(EXAMPLE), run_name="agent")
+    row = example["agent_row"](MBPP_ROW["stub"], {"task_id": "add", "test_list": MBPP_ROW["test_list"],
+                                                  "extract": "raw"}, 2)
+    tokenizer = tiny.chat_tokenizer(qwen2_5_chat_template, (MBPP_ROW["text"], MBPP_ROW["stub"]) + tuple(tiny.CORPUS))
+    factory = SandboxEnvironment.factory(provider="local", pool_size=3)
+    args = GRPOConfig(**tiny.grpo_kwargs(tmp_path, per_device_train_batch_size=2, num_generations=2, max_steps=1,
+                                         max_completion_length=16), max_tool_calling_iterations=2)
+    trainer = GRPOTrainer(model=tiny.model(tok=tokenizer, max_position_embeddings=4096), args=args,
+                          train_dataset=Dataset.from_list([row] * 2), processing_class=tokenizer,
+                          environment_factory=factory)
+    try:
+        trainer.train()
+        pool = factory.pool()
+        assert pool.started, "the episodes ran on the factory's pool"
+    finally:
+        factory.close()
+    logs = [r for r in trainer.state.log_history if "rewards/SandboxEnvironment/mean" in r]
+    assert [r["rewards/SandboxEnvironment/mean"] for r in logs] == [0.0]  # the stub's `pass` fails the tests
+    assert pool.members == 0
