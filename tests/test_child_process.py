@@ -145,3 +145,50 @@ def test_objects_bound_to_a_pool_they_cannot_rebuild_refuse_to_be_pickled():
     # An unbound environment (TRL's probe instance) pickles, with its settings.
     copy = pickle.loads(pickle.dumps(SandboxEnvironment(tool_timeout=3.0, max_attempts=2)))
     assert (copy.tool_timeout, copy.max_attempts) == (3.0, 2)
+
+
+def _trl_async_child(reward: SandboxReward, factory, queue) -> None:
+    """TRL 1.16's own child-side loop (what AsyncRolloutWorker runs after spawning), minus vLLM."""
+    from accelerate.state import PartialState
+    from datasets import Dataset
+    from trl.chat_template_utils import qwen2_5_chat_template
+    from trl.experimental.async_grpo.async_rollout_worker import RolloutGroup, _AsyncRolloutLoop
+
+    from tests import tiny
+
+    PartialState()  # as TRL's _child_main does
+    ctx = multiprocessing.get_context("spawn")
+    tokenizer = tiny.chat_tokenizer(qwen2_5_chat_template)
+    loop = _AsyncRolloutLoop(
+        model_name="tiny", dataset=Dataset.from_list([{"prompt": ADD["prompt"], "test_list": ADD["test_list"]}]),
+        reward_funcs=[reward], environment_factory=factory, processing_class=tokenizer,
+        eos_token_ids=[tokenizer.eos_token_id], rollout_buffer=ctx.Queue(), model_version_value=ctx.Value("i", 0),
+        heartbeat_value=ctx.Value("d", 0.0), failed_event=ctx.Event(), exception_info_queue=ctx.Queue(),
+        metrics_queue=ctx.Queue(), num_generations=2,
+    )
+    group = RolloutGroup(
+        prompts=[ADD["prompt"]] * 2, reward_kwargs={"test_list": [ADD["test_list"]] * 2}, completions=[RIGHT, WRONG],
+        completions_ids=[[1], [1]], completions_sequences=[[], []], tool_call_counts=[0, 0],
+        tool_failure_counts=[0, 0], model_version=0, group_id=0, env_rewards=[None, None], rollout_rewards=[None, None],
+    )
+    loop._loop.run_until_complete(loop._score_group(group))
+    queue.put({"statuses": [o.status for o in reward.last_outcomes], "names": loop.reward_func_names,
+               "tools": sorted(t.__name__ for t in loop._env_tools[None])})
+
+
+def test_trls_async_rollout_loop_scores_with_the_pickled_reward_and_probes_the_factory():
+    """The objects cross the way AsyncRolloutWorker sends them (spawn), and TRL's loop calls them."""
+    reward = SandboxReward(provider="local", pool_size=1)
+    factory = SandboxEnvironment.factory(provider="local", pool_size=1)
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_trl_async_child, args=(reward, factory, queue))
+    child.start()
+    try:
+        report = queue.get(timeout=180)
+    finally:
+        child.join(timeout=60)
+    assert child.exitcode == 0
+    assert report["statuses"] == ["passed", "failed"]
+    assert report["names"] == ["sandbox", "SandboxEnvironment"]
+    assert report["tools"] == ["bash", "read_file", "run_tests", "write_file"]

@@ -81,6 +81,9 @@ def test_mistakes_are_config_errors(tmp_path):
     for wrong in (0, -1, 1.5, "3", True):
         with pytest.raises(ConfigError, match="positive whole number"):
             SandboxEnvironment(max_attempts=wrong)
+        with pytest.raises(ConfigError, match="dataset row task_id='t': max_attempts must be a positive whole"):
+            SandboxEnvironment().reset(prompt="p", task_id="t", max_attempts=wrong)
+    assert SandboxEnvironment().reset(prompt="p", task_id="t", max_attempts=None) is None  # no bound: allowed
 
 
 def test_a_brief_training_run_scores_every_episode(tmp_path):

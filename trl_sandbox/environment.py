@@ -112,6 +112,7 @@ class SandboxEnvironment:
         self._lost: str | None = None  # why the episode has no sandbox, when it lost it
         self._row: dict[str, Any] = {}
         self._attempts_left: int | None = self.max_attempts
+        self._budget_lock = threading.Lock()
         self._factory: Any = None  # set by ``environment_factory.EnvironmentFactory``: how to rebuild elsewhere
 
     @classmethod
@@ -249,13 +250,14 @@ class SandboxEnvironment:
         return self._tool(lambda sandbox: self._write(sandbox, path, content))
 
     def run_tests(self) -> str:
-        """Run the task's tests against the solution file and report how many pass, with the first failure."""
+        """Run the task's tests on the solution file: the verdict, how many pass, the error if the code raised."""
         def judge(_sandbox: Sandbox) -> str:
-            if self._attempts_left is not None:
-                if self._attempts_left <= 0:
-                    return ("[error] no test runs left in this episode's attempt budget: "
-                            "the solution file as it stands now is what will be scored")
-                self._attempts_left -= 1
+            with self._budget_lock:  # tool calls of one turn may run on several threads at once
+                if self._attempts_left is not None:
+                    if self._attempts_left <= 0:
+                        return ("[error] no test runs left in this episode's attempt budget: "
+                                "the solution file as it stands now is what will be scored")
+                    self._attempts_left -= 1
             outcome = self._score(self._final_code())
             return f"{outcome.status}: {outcome.passed}/{outcome.total} tests passed" + (
                 f" ({outcome.detail})" if outcome.detail else ""
