@@ -63,6 +63,12 @@ def _environment_child(factory, queue) -> None:
     queue.put({"pid": os.getpid(), "steps": steps, "reward": env.get_reward(), "sandboxes": sandboxes})
 
 
+def _reward_child_that_hangs(reward: SandboxReward, queue) -> None:
+    asyncio.run(reward(prompts=[ADD["prompt"]], completions=[RIGHT], test_list=[ADD["test_list"]]))
+    queue.put({"sandboxes": _sandbox_pids(reward.pool)})
+    time.sleep(300)  # until the parent kills it, as AsyncRolloutWorker.stop() does to a child that will not stop
+
+
 def _in_child(target, payload) -> dict:
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
@@ -106,6 +112,24 @@ def test_reward_scores_in_a_spawned_child_on_a_pool_of_its_own_that_dies_with_it
         assert _sandbox_pids(reward.pool) == parent_sandboxes
     finally:
         reward.close()
+
+
+def test_a_child_killed_mid_run_leaves_no_local_sandbox():
+    """No teardown code runs in a SIGKILLed child: the local sandboxes must die with their owner anyway."""
+    import signal
+
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_reward_child_that_hangs, args=(SandboxReward(provider="local", pool_size=1), queue))
+    child.start()
+    try:
+        sandboxes = queue.get(timeout=120)["sandboxes"]
+        assert sandboxes and all(_alive(p) for p in sandboxes)
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.join(timeout=60)
+    assert child.exitcode == -signal.SIGKILL
+    assert _gone(sandboxes), "a local sandbox outlived its killed owner"
 
 
 def test_environment_factory_runs_episodes_in_a_spawned_child():
