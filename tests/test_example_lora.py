@@ -44,7 +44,7 @@ def test_lora_run_trains_the_adapters_and_leaves_the_base_weights_alone(model_di
     trainer = _example()["main"]([
         "--model", str(model_dir), "--output_dir", str(out), "--max_steps", "3", "--use_cpu", "true",
         "--bf16", "false", "--per_device_train_batch_size", "16", "--num_generations", "8",
-        "--max_completion_length", "64", "--temperature", "1.0", "--learning_rate", "1e-2", "--beta", "0.0",
+        "--max_completion_length", "64", "--temperature", "1.0", "--learning_rate", "1e-2",
         "--sandbox_pool_size", "2", "--report_to", "none", "--save_strategy", "no", "--disable_tqdm", "true",
         "--lora_r", "4", "--lora_alpha", "8", "--lora_dropout", "0.0", "--seed", "0",
     ])
@@ -71,6 +71,8 @@ def test_lora_run_trains_the_adapters_and_leaves_the_base_weights_alone(model_di
     assert len(logs) == 3
     assert all(r["sandbox/infra"] == 0 for r in logs)
     assert any(r["reward_std"] > 0 for r in logs), "no group had rewards to tell apart (no gradient)"
+    # The example's beta=0.01: the KL reference is the model with its adapters switched off.
+    assert trainer.ref_model is None and all("kl" in r for r in logs)
     counted = [sum(r[f"sandbox/{s}"] for s in ("passed", "failed", "error", "timeout", "banned", "no_code")) for r in logs]
     assert counted == [16, 16, 16], "every completion was scored in the sandbox"
     assert (out / "adapter_config.json").exists() and (out / "adapter_model.safetensors").exists()
