@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TRAINING_STACK = {"torch", "trl", "transformers", "accelerate", "vllm", "trl-sandbox"}
+TRAINING_STACK = {"torch", "trl", "transformers", "accelerate", "vllm", "peft", "trl-sandbox"}
 
 
 def _arrays(text: str, key: str) -> list[str]:

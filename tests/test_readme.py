@@ -81,3 +81,34 @@ def test_every_trl_sandbox_command_line_uses_real_subcommands_and_flags():
                 assert flag in known, f"README uses {flag} with `trl-sandbox {command}`, which has no such flag: {line}"
             checked += 1
     assert checked >= 5, checked
+
+
+def _example_flags(script: str) -> set[str]:
+    """The flags of ``examples/NAME.py``: its argparse parser, or SandboxGRPOConfig and its own dataclasses."""
+    import runpy
+
+    from trl_sandbox.trainer import SandboxGRPOConfig
+
+    module = runpy.run_path(str(ROOT / script), run_name="readme_check")
+    if "build_parser" in module:
+        return {opt for action in module["build_parser"]()._actions for opt in action.option_strings}
+    classes = [SandboxGRPOConfig] + [v for v in module.values() if isinstance(v, type) and dataclasses.is_dataclass(v)]
+    names = {f.name for cls in classes for f in dataclasses.fields(cls)}
+    return {f"--{n}" for n in names} | {f"--{n.replace('_', '-')}" for n in names} | {"--config"}
+
+
+def test_every_example_command_line_uses_flags_the_example_has():
+    checked = 0
+    for line in _command_lines():
+        try:
+            words = shlex.split(line)
+        except ValueError:  # not a shell command (a table row, a fragment)
+            continue
+        scripts = [i for i, w in enumerate(words) if re.fullmatch(r"examples/\w+\.py", w)]
+        if not scripts:
+            continue
+        known = _example_flags(words[scripts[0]])
+        for flag in (w.split("=")[0] for w in words[scripts[0] + 1:] if w.startswith("--")):
+            assert flag in known, f"README uses {flag} with {words[scripts[0]]}, which has no such flag: {line}"
+        checked += 1
+    assert checked >= 8, checked

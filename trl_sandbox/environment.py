@@ -87,6 +87,10 @@ class SandboxEnvironment:
 
     The reward is the task's verdict on the file ``row["solution_path"]`` (default ``solution.py``)
     as the episode left it, judged like a single-turn completion of the same row.
+
+    ``max_attempts`` (or a row's ``max_attempts`` column, which wins) bounds how many times
+    ``run_tests`` judges the solution in one episode, as an agent's attempt budget: later calls
+    answer that the budget is spent, without judging. ``None``: no bound.
     """
 
     def __init__(
@@ -96,15 +100,48 @@ class SandboxEnvironment:
         tool_timeout: float = 10.0,
         max_output_chars: int = 4000,
         tally: EpisodeTally | None = None,
+        max_attempts: int | None = None,
     ) -> None:
         self._pool = pool
         self._scorer = scorer
         self._tally = tally
         self.tool_timeout = tool_timeout
         self.max_output_chars = max_output_chars
+        self.max_attempts = _attempts(max_attempts, "max_attempts")
         self._sandbox: Sandbox | None = None
         self._lost: str | None = None  # why the episode has no sandbox, when it lost it
         self._row: dict[str, Any] = {}
+        self._attempts_left: int | None = self.max_attempts
+        self._budget_lock = threading.Lock()
+        self._factory: Any = None  # set by ``environment_factory.EnvironmentFactory``: how to rebuild elsewhere
+
+    @classmethod
+    def factory(cls, **settings: Any):
+        """A picklable ``environment_factory`` with a pool of its own in each process that calls it.
+
+        For trainers that build environments in another process (TRL's ``AsyncGRPOTrainer``) or
+        that do not bind a pool (a plain ``GRPOTrainer``); ``SandboxGRPOTrainer`` takes the class
+        itself. ``settings``: see ``environment_factory.EnvironmentFactory``.
+        """
+        from .environment_factory import EnvironmentFactory
+
+        return EnvironmentFactory(environment_class=cls, **settings)
+
+    def __reduce__(self):
+        """An episode's sandbox and its pool stay in their process: a copy is a fresh environment.
+
+        Made by a factory, the copy is that factory's (so it gets the pool of the process that
+        unpickles it). Bound to a pool by hand, it is refused: nothing in the other process could
+        rebuild that pool.
+        """
+        if self._factory is not None:
+            return (_call, (self._factory,))
+        if self._pool is not None:
+            raise TypeError(
+                "this SandboxEnvironment is bound to a pool of this process and cannot be sent to another; "
+                "pass SandboxEnvironment.factory(provider=...) as environment_factory instead"
+            )
+        return (type(self), (None, None, self.tool_timeout, self.max_output_chars, None, self.max_attempts))
 
     # -- episode -----------------------------------------------------------------------------
 
@@ -121,6 +158,9 @@ class SandboxEnvironment:
         self._row = dict(row)
         self._lost = None
         files = _row_files(row)
+        row_attempts = row.get("max_attempts")
+        self._attempts_left = (self.max_attempts if row_attempts is None
+                               else _attempts(row_attempts, f"dataset row {_row_name(row)}: max_attempts"))
         if self._pool is None:
             return None  # the probe instance TRL builds at construction time
         if not self._pool.started:
@@ -210,8 +250,14 @@ class SandboxEnvironment:
         return self._tool(lambda sandbox: self._write(sandbox, path, content))
 
     def run_tests(self) -> str:
-        """Run the task's tests against the solution file and report how many pass."""
+        """Run the task's tests on the solution file: the verdict, how many pass, the error if the code raised."""
         def judge(_sandbox: Sandbox) -> str:
+            with self._budget_lock:  # tool calls of one turn may run on several threads at once
+                if self._attempts_left is not None:
+                    if self._attempts_left <= 0:
+                        return ("[error] no test runs left in this episode's attempt budget: "
+                                "the solution file as it stands now is what will be scored")
+                    self._attempts_left -= 1
             outcome = self._score(self._final_code())
             return f"{outcome.status}: {outcome.passed}/{outcome.total} tests passed" + (
                 f" ({outcome.detail})" if outcome.detail else ""
@@ -283,6 +329,19 @@ class SandboxEnvironment:
         row: Mapping[str, Any] = self._row
         (outcome,) = self._scorer.score([code], [row])
         return outcome
+
+
+def _call(factory):
+    return factory()
+
+
+def _attempts(value: Any, what: str) -> int | None:
+    """An attempt budget: ``None`` or a positive whole number; a ``ConfigError`` saying so otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{what} must be a positive whole number of test runs (or None for no bound), not {value!r}")
+    return value
 
 
 def _text(exc: BaseException) -> str:

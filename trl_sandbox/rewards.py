@@ -60,15 +60,43 @@ class SandboxReward:
         self.last_outcomes: list[Outcome] = []
         if pool is None:
             # Validate the provider now (missing binary or API key) rather than at the first batch.
-            from .plugins import make_provider
+            self._pool = self._new_pool()
 
-            provider_obj = make_provider(provider, dict(provider_settings or {}))
-            self._pool = SandboxPool(provider_obj, spec=spec, size=pool_size, made_by="reward")
+    def _new_pool(self) -> SandboxPool:
+        from .plugins import make_provider
+
+        provider, settings, size, spec = self._pool_args
+        return SandboxPool(make_provider(provider, dict(settings)), spec=spec, size=size, made_by="reward")
 
     @property
     def pool(self) -> SandboxPool:
-        assert self._pool is not None
-        return self._pool
+        with self._lock:
+            if self._pool is None:  # unpickled in another process: its own pool, built on first use
+                self._pool = self._new_pool()
+            return self._pool
+
+    # -- pickling: TRL's AsyncGRPOTrainer scores in a spawned child process --------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The settings only: a pool (its loop thread, its live sandboxes) belongs to one process.
+
+        The copy builds a pool of its own, of the same provider and size, on its first call, and
+        that pool closes when the copy's process exits (``SandboxPool.start`` registers that). A
+        reward bound to another pool (a trainer's) cannot follow it: the copy would score nothing
+        the owner accounts for, so it is refused with a ``TypeError``, which pickle reports.
+        """
+        if not self._owns_pool:
+            raise TypeError(
+                "this SandboxReward uses a pool it does not own (a trainer's): it cannot be sent to another "
+                "process. Give the other process its own: SandboxReward(provider=..., pool_size=...)"
+            )
+        state = dict(self.__dict__)
+        state.update(_pool=None, _scorer=None, _lock=None, _pool_was_up=False, last_outcomes=[], seconds_total=0.0)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     def bind(self, pool: SandboxPool) -> None:
         """Use ``pool`` (the trainer's) instead of a private one."""
@@ -79,11 +107,12 @@ class SandboxReward:
             self._pool_was_up = False
 
     def _get_scorer(self) -> Scorer:
+        pool = self.pool
         with self._lock:
-            if not self.pool.started:
-                self.pool.start(wait=False)
+            if not pool.started:
+                pool.start(wait=False)
             if self._scorer is None:
-                self._scorer = Scorer(self.pool, scheme=self._scheme, cache_size=self._cache_size, timeout=self._timeout)
+                self._scorer = Scorer(pool, scheme=self._scheme, cache_size=self._cache_size, timeout=self._timeout)
             return self._scorer
 
     def close(self) -> None:
