@@ -3,8 +3,9 @@
 The trainer adds exactly three things to ``GRPOTrainer``: a default reward (``SandboxReward``),
 a sandbox pool whose life follows training (started on ``on_train_begin``; torn down on
 ``on_train_end`` and, because TRL does not call ``on_train_end`` then, in a ``finally`` around
-``train()`` on exceptions, Ctrl-C and SIGTERM), and sandbox metrics. Generation, vLLM and the
-loss are TRL's own and untouched.
+``train()`` on exceptions, Ctrl-C and SIGTERM), and sandbox metrics (merged over ranks under
+``accelerate launch``, see ``rank_metrics``). Generation, vLLM and the loss are TRL's own and
+untouched.
 """
 
 from __future__ import annotations
