@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -139,6 +141,29 @@ def test_pool_is_torn_down_however_training_ends(tmp_path, mode, returncode):
     destroyed = {i for e, i in events if e == "destroy"}
     assert created, proc.stderr[-2000:]
     assert created == destroyed, f"leaked: {created - destroyed}"
+
+
+def test_a_sigterm_during_teardown_waits_until_it_is_done():
+    """A launcher SIGTERMs every rank once one failed; on a rank already tearing down its pool, that
+    signal must not cut the teardown short. It is raised once the teardown is over."""
+    from trl_sandbox.trainer import TrainingTerminated, _raise_on_sigterm
+
+    before = signal.getsignal(signal.SIGTERM)
+    done: list[str] = []
+    with pytest.raises(TrainingTerminated) as ended:
+        with _raise_on_sigterm() as sigterm, sigterm.deferred():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)  # the handler has run by now
+            done.append("teardown finished")
+    assert done == ["teardown finished"] and ended.value.code == 143
+    # Control: outside deferred() the same signal ends the block where it is.
+    with pytest.raises(TrainingTerminated):
+        with _raise_on_sigterm():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            done.append("not reached")
+    assert done == ["teardown finished"]
+    assert signal.getsignal(signal.SIGTERM) == before  # the caller's handler is back
 
 
 def test_unknown_provider_fails_at_construction(tmp_path):

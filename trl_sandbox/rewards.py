@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .pool import SandboxPool, percentile
+from .rank_metrics import RankMetrics
 from .sandbox import SandboxSpec
 from .schemes import RewardScheme
 from .scoring import Scorer
@@ -57,6 +58,7 @@ class SandboxReward:
         self._lock = threading.Lock()
         self.seconds_total = 0.0  # wall time spent inside reward calls, read by the trainer
         self._pool_was_up = False
+        self._metrics: RankMetrics | None = None
         self.last_outcomes: list[Outcome] = []
         if pool is None:
             # Validate the provider now (missing binary or API key) rather than at the first batch.
@@ -98,9 +100,11 @@ class SandboxReward:
         self.__dict__.update(state)
         self._lock = threading.Lock()
 
-    def bind(self, pool: SandboxPool) -> None:
-        """Use ``pool`` (the trainer's) instead of a private one."""
+    def bind(self, pool: SandboxPool, metrics: RankMetrics | None = None) -> None:
+        """Use ``pool`` (the trainer's) instead of a private one, and record metrics in ``metrics``
+        (merged across ranks by the trainer) instead of TRL's ``log_metric`` (averaged by TRL)."""
         with self._lock:
+            self._metrics = metrics
             if self._owns_pool and self._pool is not None and not self._pool.started:
                 self._pool = None
             self._pool, self._owns_pool, self._scorer = pool, False, None
@@ -145,14 +149,35 @@ class SandboxReward:
         elapsed = time.perf_counter() - t0
         self.seconds_total += elapsed
         self.last_outcomes = outcomes
-        if log_metric is not None:
+        if self._metrics is not None:
+            self._record(self._metrics, outcomes, stats, elapsed)
+        elif log_metric is not None:
             self._log(log_metric, outcomes, stats, elapsed)
         if log_extra is not None:
             log_extra("sandbox_status", [o.status for o in outcomes])
             log_extra("sandbox_detail", [o.detail[:200] for o in outcomes])
         return [o.reward for o in outcomes]
 
+    def _record(self, metrics: RankMetrics, outcomes: list[Outcome], stats, elapsed: float) -> None:
+        """The same metrics as ``_log``, each with its rule for merging ranks (see ``rank_metrics``)."""
+        n = len(outcomes)
+        metrics.slowest("sandbox/reward_call_s", elapsed)
+        for status in STATUSES:
+            metrics.count(f"sandbox/{status}", float(stats.outcomes.get(status, 0)))
+        metrics.rate("sandbox/pass_rate", stats.outcomes.get("passed", 0), n)
+        metrics.count("sandbox/programs_run", float(stats.executed))
+        metrics.rate("sandbox/dedup_rate", n - stats.programs if n else 0, n)
+        pool = self.pool.drain_stats()
+        metrics.samples("exec_s", pool.exec_s, {"sandbox/exec_p50_s": 50, "sandbox/exec_p95_s": 95})
+        metrics.rate("sandbox/warm_lease_rate", pool.counts["leases_warm"],
+                     pool.counts["leases_warm"] + pool.counts["leases_cold"], empty=1.0)
+        metrics.samples("lease_wait_s", pool.lease_wait_s, {"sandbox/lease_wait_p95_s": 95})
+        metrics.count("sandbox/retries", float(pool.counts["retries"]))
+        metrics.count("sandbox/replaced", float(pool.counts["replaced"]))
+
     def _log(self, log_metric, outcomes: list[Outcome], stats, elapsed: float) -> None:
+        """Metrics through TRL's ``log_metric`` (a reward on a plain ``GRPOTrainer``): TRL averages
+        them over processes, so under ``accelerate launch`` counts read as per-rank means."""
         n = max(1, len(outcomes))
         log_metric("sandbox/reward_call_s", elapsed)
         for status in STATUSES:

@@ -3,8 +3,9 @@
 The trainer adds exactly three things to ``GRPOTrainer``: a default reward (``SandboxReward``),
 a sandbox pool whose life follows training (started on ``on_train_begin``; torn down on
 ``on_train_end`` and, because TRL does not call ``on_train_end`` then, in a ``finally`` around
-``train()`` on exceptions, Ctrl-C and SIGTERM), and sandbox metrics. Generation, vLLM and the
-loss are TRL's own and untouched.
+``train()`` on exceptions, Ctrl-C and SIGTERM), and sandbox metrics (merged over ranks under
+``accelerate launch``, see ``rank_metrics``). Generation, vLLM and the loss are TRL's own and
+untouched.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from .config import SandboxGRPOConfig, parse_mapping  # noqa: F401  (public from
 from .environment import JUDGE_HEADROOM, EpisodeTally, SandboxEnvironment
 from .plugins import make_provider
 from .pool import PoolSettings, SandboxPool
+from .rank_metrics import RankMetrics
 from .resolve import resolve_task
 from .rewards import SandboxReward
 from .sandbox import ConfigError
@@ -83,18 +85,18 @@ class SandboxLifecycleCallback(TrainerCallback):
             return
         step_s = time.perf_counter() - self._step_t0
         reward_s = self.trainer.sandbox_reward_seconds() - self._reward_s0
-        metrics = self.trainer._metrics["train"]
+        metrics = self.trainer.sandbox_metrics
         if step_s > 0:
-            metrics["sandbox/reward_time_share"].append(min(1.0, reward_s / step_s))
+            metrics.slowest("sandbox/reward_time_share", min(1.0, reward_s / step_s))
         self._log_usage(metrics, step_s)
         # Episodes of SandboxEnvironment are scored through TRL's get_reward, which passes no log_metric.
         episodes = self.trainer.sandbox_episodes.drain()
         if episodes:
             for status in STATUSES:
-                metrics[f"sandbox/{status}"].append(float(episodes[status]))
-            metrics["sandbox/pass_rate"].append(episodes["passed"] / sum(episodes.values()))
+                metrics.count(f"sandbox/{status}", float(episodes[status]))
+            metrics.rate("sandbox/pass_rate", episodes["passed"], sum(episodes.values()))
 
-    def _log_usage(self, metrics, step_s: float) -> None:
+    def _log_usage(self, metrics: RankMetrics, step_s: float) -> None:
         """The sandboxes' CPU seconds this step, and the cores they kept busy on average: when
         rewards compete with generation for cores, this is where it shows. The isolation mode is a
         string, which TRL's averaged metrics cannot hold: it goes to ``metrics.jsonl``, and
@@ -103,17 +105,18 @@ class SandboxLifecycleCallback(TrainerCallback):
         mode = usage.get("sandbox/isolation_mode")
         if isinstance(mode, str):
             self._isolation_mode = mode
-            metrics["sandbox/cgroups"].append(1.0 if mode.startswith("cgroup") else 0.0)
+            metrics.weakest("sandbox/cgroups", 1.0 if mode.startswith("cgroup") else 0.0)
         cpu = usage.get("sandbox/cpu_s")
         if isinstance(cpu, (int, float)):
-            metrics["sandbox/cpu_s"].append(float(cpu))
+            # Summed over ranks: the CPU seconds and cores the whole run's sandboxes used.
+            metrics.count("sandbox/cpu_s", float(cpu))
             if step_s > 0:
-                metrics["sandbox/cpu_cores"].append(float(cpu) / step_s)
+                metrics.count("sandbox/cpu_cores", float(cpu) / step_s)
         walls = usage.get("sandbox/wall_timeouts")
         if isinstance(walls, (int, float)):
             # Programs ended by the wall-clock backstop (they slept or blocked), apart from the
             # ordinary timeouts of programs that used their CPU budget.
-            metrics["sandbox/wall_timeouts"].append(float(walls))
+            metrics.count("sandbox/wall_timeouts", float(walls))
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         name = getattr(args, "sandbox_metrics_file", "metrics.jsonl")
@@ -167,6 +170,8 @@ class SandboxGRPOTrainer(GRPOTrainer):
             made_by="trainer",
         )
         self.sandbox_episodes = EpisodeTally()  # outcomes of SandboxEnvironment episodes, logged per step
+        # Sandbox metrics are recorded here and merged over ranks in log(), not averaged by TRL.
+        self.sandbox_metrics = RankMetrics(mode=lambda: "train" if self.model.training else "eval")
         self.sandbox_run = RunInfo(run_id=os.environ.get("TRL_SANDBOX_RUN_ID") or new_run_id(), args=args)
         self.sandbox_run.model_name = model if isinstance(model, str) else getattr(
             getattr(model, "config", None), "_name_or_path", None
@@ -179,7 +184,7 @@ class SandboxGRPOTrainer(GRPOTrainer):
             reward_funcs = [reward_funcs]
         self.sandbox_rewards = [f for f in reward_funcs if isinstance(f, SandboxReward)]
         for reward in self.sandbox_rewards:
-            reward.bind(self.sandbox_pool)
+            reward.bind(self.sandbox_pool, metrics=self.sandbox_metrics)
 
         kwargs["environment_factory"] = self._bind_environment(kwargs.get("environment_factory"), args)
 
@@ -199,6 +204,12 @@ class SandboxGRPOTrainer(GRPOTrainer):
             raise
         self.sandbox_run.rank = self.accelerator.process_index
         self.sandbox_run.world_size = self.accelerator.num_processes
+        if self.accelerator.num_processes > 1 and not os.environ.get("TRL_SANDBOX_RUN_ID"):
+            # One run id for every rank (rank 0's), so that `reap --tag trl-sandbox-run=ID` finds
+            # all of a launch's sandboxes; the rank tag tells them apart.
+            from accelerate.utils import broadcast_object_list
+
+            self.sandbox_run.run_id = broadcast_object_list([self.sandbox_run.run_id], from_process=0)[0]
 
     def _bind_environment(self, factory: Any, args: SandboxGRPOConfig) -> Any:
         """Give ``SandboxEnvironment`` episodes the trainer's pool, sized for a whole batch of rollouts."""
@@ -238,36 +249,85 @@ class SandboxGRPOTrainer(GRPOTrainer):
     def sandbox_reward_seconds(self) -> float:
         return sum(r.seconds_total for r in self.sandbox_rewards)
 
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """Add the sandbox metrics, merged over ranks, before TRL averages and logs.
+
+        Every rank reaches ``log()`` at the same step (transformers gathers the loss just before),
+        so this is where the ranks' snapshots are gathered: one ``gather_object`` per call, on
+        every rank, with or without values. Each rank then appends the same merged value, which
+        TRL's mean leaves as it is; ``metrics.jsonl``, the progress bar and the summary (written
+        by the main process from these logs) show the whole run.
+        """
+        mode = "train" if self.model.training else "eval"
+        gather = _gather_per_rank if self.accelerator.num_processes > 1 else None
+        for key, value in self.sandbox_metrics.merge(mode, gather).items():
+            self._metrics[mode][key].append(value)
+        super().log(logs, start_time)
+
     def train(self, *args: Any, **kwargs: Any):
-        with _raise_on_sigterm():
+        with _raise_on_sigterm() as sigterm:
             try:
                 return super().train(*args, **kwargs)
             finally:
-                # TRL does not call on_train_end on exceptions or Ctrl-C: tear down here.
-                self.close_sandboxes()
+                # TRL does not call on_train_end on exceptions or Ctrl-C: tear down here. A SIGTERM
+                # that arrives meanwhile (a launcher ending every rank after one failed) waits
+                # until the teardown is done instead of cutting it short.
+                with sigterm.deferred():
+                    self.close_sandboxes()
 
 
 class TrainingTerminated(SystemExit):
     """Raised in the main thread on SIGTERM so that ``finally`` blocks (pool teardown) run."""
 
 
+class _SigtermGuard:
+    """What ``_raise_on_sigterm`` yields: ``deferred()`` holds a SIGTERM back while cleanup runs."""
+
+    def __init__(self) -> None:
+        self.deferring = False
+        self.pending: int | None = None
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        """SIGTERMs inside are remembered, not raised; the first is raised once the block ends."""
+        self.deferring = True
+        try:
+            yield
+        finally:
+            self.deferring = False
+            signum, self.pending = self.pending, None
+            if signum is not None:
+                raise TrainingTerminated(128 + signum)
+
+
 @contextlib.contextmanager
-def _raise_on_sigterm() -> Iterator[None]:
+def _raise_on_sigterm() -> Iterator[_SigtermGuard]:
+    guard = _SigtermGuard()
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield guard
         return
     previous = signal.getsignal(signal.SIGTERM)
 
     def handler(signum, frame):
+        if guard.deferring:
+            guard.pending = guard.pending or signum
+            return
         if callable(previous) and previous not in (signal.SIG_DFL, signal.SIG_IGN):
             previous(signum, frame)
         raise TrainingTerminated(128 + signum)
 
     signal.signal(signal.SIGTERM, handler)
     try:
-        yield
+        yield guard
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _gather_per_rank(obj: Any) -> list[Any]:
+    """``[obj of rank 0, obj of rank 1, ...]`` (a collective: gloo on CPU, NCCL on GPUs)."""
+    from accelerate.utils import gather_object
+
+    return gather_object([obj])
 
 
 def _is_sandbox_environment(factory: Any) -> bool:
