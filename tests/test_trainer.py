@@ -337,3 +337,29 @@ def test_a_plain_grpo_config_gets_the_sandbox_defaults(tmp_path):
         assert trainer.args.output_dir == str(tmp_path)
     finally:
         trainer.close_sandboxes()
+
+
+def test_a_sandbox_environment_factory_gets_the_trainers_pool_and_no_transcript_reward(tmp_path):
+    """``SandboxEnvironment.factory(...)`` is made for trainers that bind no pool; handed to
+    ``SandboxGRPOTrainer`` it is taken as its class and episode settings. Control: the class
+    itself, the documented way, ends up the same."""
+    from trl.chat_template_utils import qwen2_5_chat_template
+
+    from trl_sandbox import SandboxEnvironment
+
+    tokenizer = tiny.chat_tokenizer(qwen2_5_chat_template)
+    built = {}
+    for label, factory in (("factory", SandboxEnvironment.factory(provider="flaky", max_attempts=2)),
+                           ("class", SandboxEnvironment)):
+        args = SandboxGRPOConfig(**tiny.grpo_kwargs(tmp_path / label), sandbox_provider="flaky", sandbox_pool_size=2,
+                                 max_tool_calling_iterations=1)
+        trainer = SandboxGRPOTrainer(model=tiny.model(tok=tokenizer), args=args, train_dataset=echo_dataset(),
+                                     processing_class=tokenizer, environment_factory=factory)
+        try:
+            assert trainer.sandbox_rewards == [], f"{label}: the episode's own reward only"
+            environment = trainer.environment_factories[None]()
+            assert environment._pool is trainer.sandbox_pool, label
+            built[label] = environment
+        finally:
+            trainer.close_sandboxes()
+    assert built["factory"].max_attempts == 2 and built["class"].max_attempts is None

@@ -27,6 +27,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from .config import SandboxGRPOConfig, parse_mapping  # noqa: F401  (public from here too)
 from .environment import JUDGE_HEADROOM, EpisodeTally, SandboxEnvironment
+from .environment_factory import EnvironmentFactory
 from .plugins import make_provider
 from .pool import PoolSettings, SandboxPool
 from .rank_metrics import RankMetrics
@@ -212,9 +213,15 @@ class SandboxGRPOTrainer(GRPOTrainer):
             self.sandbox_run.run_id = broadcast_object_list([self.sandbox_run.run_id], from_process=0)[0]
 
     def _bind_environment(self, factory: Any, args: SandboxGRPOConfig) -> Any:
-        """Give ``SandboxEnvironment`` episodes the trainer's pool, sized for a whole batch of rollouts."""
+        """Give ``SandboxEnvironment`` episodes the trainer's pool, sized for a whole batch of rollouts.
+
+        ``SandboxEnvironment.factory(...)`` (made for trainers that bind no pool) is taken as its
+        class and episode settings: the trainer's pool replaces the one it would build."""
         if not _is_sandbox_environment(factory):
             return factory
+        settings: dict[str, Any] = {}
+        if isinstance(factory, EnvironmentFactory):
+            factory, settings = factory.environment_class, dict(factory.environment_kwargs)
         # Every rollout of a generation batch holds its sandbox for its episode, and the judge needs
         # more; warm that many from the start (episodes grow the pool further if a batch needs it).
         needed = args.per_device_train_batch_size * args.steps_per_generation + JUDGE_HEADROOM
@@ -224,7 +231,7 @@ class SandboxGRPOTrainer(GRPOTrainer):
             self.sandbox_pool.size = needed
         scorer = Scorer(self.sandbox_pool, scheme=args.sandbox_reward_scheme, cache_size=0,
                         timeout=args.sandbox_timeout)
-        return functools.partial(factory, pool=self.sandbox_pool, scorer=scorer, tally=self.sandbox_episodes)
+        return functools.partial(factory, pool=self.sandbox_pool, scorer=scorer, tally=self.sandbox_episodes, **settings)
 
     def _new_reward(self, args: SandboxGRPOConfig) -> SandboxReward:
         return SandboxReward(
@@ -331,4 +338,4 @@ def _gather_per_rank(obj: Any) -> list[Any]:
 
 
 def _is_sandbox_environment(factory: Any) -> bool:
-    return isinstance(factory, type) and issubclass(factory, SandboxEnvironment)
+    return isinstance(factory, EnvironmentFactory) or (isinstance(factory, type) and issubclass(factory, SandboxEnvironment))
