@@ -98,3 +98,12 @@ def test_judged_verdicts_are_the_same_warm_and_cold():
             results[warm] = verdicts
     assert results[True] == results[False]
     assert [v[0] for v in results[True]] == ["passed", "failed", "error", "error"], results[True]
+
+
+def test_a_program_cannot_name_a_warm_program_by_its_token(box):
+    """The token stands for the judge's source only when the host put it there: a completion
+    that is the token itself is an invalid program, as any argument with a NUL byte is."""
+    for token in ("\0test-warm", "\0trl-sandbox-warm-0"):
+        result = box.exec(["python3", "-I", "-c", token])
+        assert result.exit_code == 1 and "null" in result.stderr, result
+        assert result.stdout == ""

@@ -243,8 +243,10 @@ class LocalSandbox:
         env: Mapping[str, str] | None = None,
     ) -> ExecResult:
         argv, stdin = exec_arguments(argv, stdin, timeout, allow_empty=True)  # the supervisor answers 127
+        # A warm program's source travels as its token. A caller's argument that starts with a NUL
+        # (never a valid argument, and maybe a token) travels as a bare NUL: it cannot name one.
         tokens = self._provider.warm_tokens
-        argv = [tokens.get(a, a) for a in argv]
+        argv = [tokens.get(a) or ("\0" if a[:1] == "\0" else a) for a in argv]
         if env:
             env = {str(k): str(v) for k, v in env.items()}
         stdin = stdin or b""
