@@ -18,7 +18,6 @@ import fractions
 import gc
 import os
 import sys
-import time
 
 NONCE_BYTES = 16
 _MAX_TEXT = 2000
@@ -359,71 +358,3 @@ def _start_candidate(spec, nonce):
     os.close(req_r)
     os.close(resp_w)
     return pid, req_w, resp_r
-
-
-# -- the candidate's time budget (used by the judge's half) ------------------------------------
-
-
-def _cpu_seconds(pid):
-    """CPU seconds of the candidate process ``pid`` and every process it started, live or reaped:
-    its descendants and whatever shares the judge's process group (work handed to a child, even
-    one that moved to a new session after being counted here, is the candidate's work too). The
-    judge itself and PID 1 are left out. None once the candidate is gone."""
-    me, group = os.getpid(), os.getpgrp()
-    procs = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open("/proc/" + name + "/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-            procs[int(name)] = (int(fields[1]), int(fields[2]), sum(int(x) for x in fields[11:15]))
-        except (OSError, IndexError, ValueError):
-            continue
-    if pid not in procs:
-        return None
-    family = {pid}
-    grew = True
-    while grew:
-        grew = False
-        for other, (ppid, _, _) in procs.items():
-            if ppid in family and other not in family:
-                family.add(other)
-                grew = True
-    ticks = sum(t for other, (_, pgrp, t) in procs.items()
-                if other not in (me, 1) and (other in family or pgrp == group))
-    return ticks / _CLK_TCK
-
-
-try:
-    _CLK_TCK = os.sysconf("SC_CLK_TCK")
-except (ValueError, OSError):
-    _CLK_TCK = 100
-
-
-class _Clock:
-    """The candidate's time budget. ``cpu``: its own CPU time (loading and every call), so a
-    candidate that only waited for a core, because other programs were busy, still gets its whole
-    budget; the wall clock ends one that sleeps or blocks, at ``wall_limit``. ``wall``: the budget
-    is wall-clock time. The candidate's CPU is read only once it could have used the budget up."""
-
-    def __init__(self, start, limit, wall_limit, mode):
-        self.cpu = mode == "cpu"
-        self.limit = limit
-        self.wall_deadline = start + (wall_limit if self.cpu else limit)
-        self.next_check = start + limit if self.cpu else self.wall_deadline
-
-    def wait_s(self, pid):
-        """Seconds to wait before looking again; None once the budget is spent."""
-        now = time.monotonic()
-        if now >= self.wall_deadline:
-            return None
-        if now >= self.next_check:
-            used = _cpu_seconds(pid)
-            if used is not None:
-                if used >= self.limit:
-                    return None
-                self.next_check = now + max(0.005, self.limit - used)
-            else:
-                self.next_check = now + 0.05  # gone: the pipe reports it
-        return min(self.next_check, self.wall_deadline) - now

@@ -1,6 +1,7 @@
 # ruff: noqa: UP031  (runs on the sandbox's Python, 3.8+: plain %-formatting on purpose)
 """The judge: runs inside the sandbox as ``python3 -I -c SOURCE``; SOURCE is the text of
-``judge_candidate.py`` (the candidate process's half) followed by this file's (the judge's half).
+``judge_candidate.py`` (the candidate process's half) and ``judge_clock.py`` (the candidate's time
+budget) followed by this file's (the judge's half).
 
 Standard library only, Python 3.8+. The source is sent byte-identical for every execution (a
 sandbox may cache its compiled form); everything that changes per execution comes on stdin:
@@ -48,13 +49,13 @@ if "_start_candidate" not in globals():
     from trl_sandbox.judge_candidate import (
         _MAX_TEXT,
         NONCE_BYTES,
-        _Clock,
         _exc_text,
         _nondumpable,
         _read_message,
         _start_candidate,
         _write_all,
     )
+    from trl_sandbox.judge_clock import _Clock
 
 MARKER = b"@@trl-sandbox-verdict@@"
 VERSION = 1
