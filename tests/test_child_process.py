@@ -216,3 +216,50 @@ def test_trls_async_rollout_loop_scores_with_the_pickled_reward_and_probes_the_f
     assert report["statuses"] == ["passed", "failed"]
     assert report["names"] == ["sandbox", "SandboxEnvironment"]
     assert report["tools"] == ["bash", "read_file", "run_tests", "write_file"]
+
+
+def _in_fork(job, timeout: float = 60.0) -> str:
+    """Run ``job()`` in a forked child (the default start method on Linux before 3.14) and return
+    what it printed, or "hung" when it did not end in time."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        try:
+            text = repr(job())
+        except BaseException as exc:
+            text = f"{type(exc).__name__}: {exc}"
+        os.write(write, text.encode()[:4000])
+        os._exit(0)
+    os.close(write)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and os.waitpid(pid, os.WNOHANG) == (0, 0):
+        time.sleep(0.05)
+    else:
+        if time.monotonic() >= deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            os.close(read)
+            return "hung"
+    with os.fdopen(read, "rb") as fh:
+        return fh.read().decode()
+
+
+def test_a_forked_child_scores_with_a_pool_of_its_own_and_the_parents_keeps_working():
+    """A forked child has a copy of the parent's pool but not its event-loop thread: a reward that
+    owns its pool builds a new one there. Control: the pool itself, used in a fork, says so at once
+    instead of waiting forever for a loop that is not running."""
+    columns = {k: [v] for k, v in ADD.items()}
+    reward = SandboxReward(provider="local", pool_size=1)
+    try:
+        assert asyncio.run(reward(prompts=[""], completions=[RIGHT], **columns)) == [1.0]
+        parent_pool = reward.pool
+        child = _in_fork(lambda: (asyncio.run(reward(prompts=["", ""], completions=[RIGHT, WRONG], **{
+            k: v * 2 for k, v in columns.items()})), reward.pool is parent_pool))
+        assert child == "([1.0, 0.0], False)", child
+        control = _in_fork(lambda: parent_pool.run(["python3", "-c", "pass"], timeout=5))
+        assert control.startswith("RuntimeError: this sandbox pool belongs to process"), control
+        assert reward.pool is parent_pool
+        assert asyncio.run(reward(prompts=[""], completions=[WRONG], **columns)) == [0.0]
+    finally:
+        reward.close()

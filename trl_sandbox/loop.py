@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -19,6 +20,7 @@ T = TypeVar("T")
 
 class LoopThread:
     def __init__(self, name: str = "trl-sandbox-loop") -> None:
+        self.pid = os.getpid()
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._started = threading.Event()
@@ -49,6 +51,14 @@ class LoopThread:
             return False
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        if os.getpid() != self.pid:
+            # A forked child has a copy of the loop but not its thread: the job would wait forever.
+            coro.close()
+            raise RuntimeError(
+                f"this sandbox pool belongs to process {self.pid}; a forked child cannot use it (its event-loop "
+                "thread does not survive the fork). Create the pool in the child, or start children with the "
+                "'spawn' method (a pickled SandboxReward builds its own pool there)"
+            )
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:

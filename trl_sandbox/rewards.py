@@ -9,6 +9,7 @@ never a hung run with an idle GPU.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -54,6 +55,7 @@ class SandboxReward:
         self._pool = pool
         self._owns_pool = pool is None
         self._pool_args = (provider, dict(provider_settings or {}), pool_size, spec)
+        self._pool_pid = os.getpid()  # the process whose pool ``_pool`` is
         self._scorer: Scorer | None = None
         self._lock = threading.Lock()
         self.seconds_total = 0.0  # wall time spent inside reward calls, read by the trainer
@@ -68,13 +70,16 @@ class SandboxReward:
         from .plugins import make_provider
 
         provider, settings, size, spec = self._pool_args
+        self._pool_pid = os.getpid()
         return SandboxPool(make_provider(provider, dict(settings)), spec=spec, size=size, made_by="reward")
 
     @property
     def pool(self) -> SandboxPool:
         with self._lock:
-            if self._pool is None:  # unpickled in another process: its own pool, built on first use
-                self._pool = self._new_pool()
+            # Unpickled in another process, or called in a forked child (which has a copy of the
+            # parent's pool but not its loop thread): a pool of this process's own, on first use.
+            if self._pool is None or (self._owns_pool and self._pool_pid != os.getpid()):
+                self._pool, self._scorer, self._pool_was_up = self._new_pool(), None, False
             return self._pool
 
     # -- pickling: TRL's AsyncGRPOTrainer scores in a spawned child process --------------------
@@ -120,7 +125,7 @@ class SandboxReward:
             return self._scorer
 
     def close(self) -> None:
-        if self._owns_pool and self._pool is not None:
+        if self._owns_pool and self._pool is not None and self._pool_pid == os.getpid():
             self._pool.close()
 
     async def __call__(
