@@ -69,13 +69,14 @@ def _reward_child_that_hangs(reward: SandboxReward, queue) -> None:
     time.sleep(300)  # until the parent kills it, as AsyncRolloutWorker.stop() does to a child that will not stop
 
 
-def _in_child(target, payload) -> dict:
+def _in_child(target, *args, timeout: float = 120) -> dict:
+    """``target(*args, queue)`` in a spawned child; what it put on the queue."""
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
-    child = ctx.Process(target=target, args=(payload, queue))
+    child = ctx.Process(target=target, args=(*args, queue))
     child.start()
     try:
-        report = queue.get(timeout=120)
+        report = queue.get(timeout=timeout)
     finally:
         child.join(timeout=60)
     assert child.exitcode == 0
@@ -204,15 +205,7 @@ def test_trls_async_rollout_loop_scores_with_the_pickled_reward_and_probes_the_f
     """The objects cross the way AsyncRolloutWorker sends them (spawn), and TRL's loop calls them."""
     reward = SandboxReward(provider="local", pool_size=1)
     factory = SandboxEnvironment.factory(provider="local", pool_size=1)
-    ctx = multiprocessing.get_context("spawn")
-    queue = ctx.Queue()
-    child = ctx.Process(target=_trl_async_child, args=(reward, factory, queue))
-    child.start()
-    try:
-        report = queue.get(timeout=180)
-    finally:
-        child.join(timeout=60)
-    assert child.exitcode == 0
+    report = _in_child(_trl_async_child, reward, factory, timeout=180)
     assert report["statuses"] == ["passed", "failed"]
     assert report["names"] == ["sandbox", "SandboxEnvironment"]
     assert report["tools"] == ["bash", "read_file", "run_tests", "write_file"]
