@@ -18,6 +18,16 @@ from typing import Any
 from trl_sandbox.sandbox import ExecResult
 from trl_sandbox.tasks import Outcome, Program
 
+# A right solution of the built-in max_subarray task (Kadane's algorithm).
+KADANE = (
+    "def max_subarray_sum(xs):\n"
+    "    best = cur = xs[0]\n"
+    "    for x in xs[1:]:\n"
+    "        cur = max(x, cur + x)\n"
+    "        best = max(best, cur)\n"
+    "    return best\n"
+)
+
 SANDBOX_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else shutil.which("python3")
 
 

@@ -30,16 +30,8 @@ from .ban_dodges import (
     REVIEW_DODGE,
     SORTING_BODIES,
 )
-from .task_helpers import run_judged
+from .task_helpers import KADANE, run_judged
 
-KADANE = (
-    "def max_subarray_sum(xs):\n"
-    "    best = cur = xs[0]\n"
-    "    for x in xs[1:]:\n"
-    "        cur = max(x, cur + x)\n"
-    "        best = max(best, cur)\n"
-    "    return best\n"
-)
 FAKE_RESULTS = '{"results": [true, true, true, true, true, true, true]}'
 
 CALL_HACKS = {

@@ -14,17 +14,13 @@ from trl_sandbox.local import LocalProvider
 from trl_sandbox.pool import SandboxPool
 from trl_sandbox.scoring import Scorer
 
+from .task_helpers import KADANE
+
 NEIGHBOUR = (
     "_w = 0\n"
     "for _i in range({n}):\n"  # ~0.1 s of CPU on this kind of machine
     "    _w += _i\n"
-    "def max_subarray_sum(xs):\n"
-    "    best = cur = xs[0]\n"
-    "    for x in xs[1:]:\n"
-    "        cur = max(x, cur + x)\n"
-    "        best = max(best, cur)\n"
-    "    return best\n"
-)
+) + KADANE
 HOG = (
     "# hog {i}\n"  # two different programs: identical ones would run once
     "import os, signal\n"
