@@ -32,7 +32,6 @@ _bytes_join = bytes.join
 _int_from_bytes = int.from_bytes
 _int_to_bytes = int.to_bytes
 _str_partition = str.partition
-_len, _max = len, max
 
 
 # -- low-level I/O ----------------------------------------------------------------------------------
@@ -68,8 +67,6 @@ def _libc():
         return ctypes.CDLL(None, use_errno=True)
     except Exception:
         return None
-
-
 
 
 def _prctl():
@@ -279,16 +276,10 @@ def _candidate(spec, rfd, wfd, type_modified=None):
     except BaseException as exc:
         message = ("load_error", type(exc).__name__, _exc_text(exc))
     send(message)
-    pending = b""  # what the judge sent and is not read yet: one read usually holds a whole request
     while True:
         try:
-            while _len(pending) < 4:
-                pending = _more(rfd, pending, 4)
-            end = 4 + _int_from_bytes(pending[:4], "big")
-            while _len(pending) < end:
-                pending = _more(rfd, pending, end)
-            request = _pickle.loads(pending[4:end])
-            pending = pending[end:]
+            header = _read_exact(rfd, 4)
+            request = _pickle.loads(_read_exact(rfd, _int_from_bytes(header, "big")))
         except BaseException:
             os._exit(0)
         seq, name, args, kwargs = request
@@ -304,15 +295,6 @@ def _candidate(spec, rfd, wfd, type_modified=None):
         except BaseException as exc:
             message = ("raise", seq, type(exc).__name__, _exc_text(exc))
         send(message)
-
-
-def _more(fd, pending, want):
-    """``pending`` and the next bytes read from ``fd`` (a blocking read of up to ``want`` more than
-    pending holds, at least 64 KiB); EOFError at end of file."""
-    chunk = os.read(fd, _max(want - _len(pending), 1 << 16))
-    if not chunk:
-        raise EOFError("the judge closed the pipe")
-    return pending + chunk
 
 
 def _close_fds_except(keep):

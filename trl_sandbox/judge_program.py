@@ -116,7 +116,6 @@ class _Conn:
         self.max_bytes = max_bytes
         self.seq = 0
         self.failure = None
-        self.pending = b""  # read from the candidate, not yet taken
         os.set_blocking(wfd, False)
 
     @staticmethod
@@ -142,18 +141,17 @@ class _Conn:
         return left
 
     def _read(self, n):
-        """The next ``n`` bytes. A read takes whatever is there (a whole reply, usually), up to
-        the size of the message being read, so nothing beyond ``max_bytes`` is ever buffered."""
-        while len(self.pending) < n:
+        chunks = []
+        while n > 0:
             ready, _, _ = select.select([self.rfd], [], [], self._remaining())
             if not ready:
                 continue  # the budget is looked at again (and raises when it is spent)
-            chunk = os.read(self.rfd, min(max(n - len(self.pending), 1 << 16), 1 << 20))
+            chunk = os.read(self.rfd, min(n, 1 << 20))
             if not chunk:
                 raise _Exited()
-            self.pending += chunk
-        data, self.pending = self.pending[:n], self.pending[n:]
-        return data
+            chunks.append(chunk)
+            n -= len(chunk)
+        return b"".join(chunks)
 
     def _write(self, data):
         view = memoryview(data)
