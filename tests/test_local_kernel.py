@@ -364,3 +364,36 @@ def test_reset_leaves_no_trace_in_the_inode_counter(box):
     box.reset()
     assert json.loads(box.exec(["python3", "-c", source, "0"]).stdout) == first
     box.reset()
+
+
+PRLIMIT = """
+    import resource
+    out = {}
+    for name, pid in TARGETS:
+        try:
+            resource.prlimit(pid, resource.RLIMIT_NOFILE, (4, 4))
+            out[name] = "set"
+        except OSError as exc:
+            out[name] = exc.errno
+    out["read"] = list(resource.prlimit(TARGETS[0][1], resource.RLIMIT_NOFILE))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))           # its own limits: allowed
+    out["own"] = list(resource.getrlimit(resource.RLIMIT_NOFILE))
+    print(json.dumps(out))
+"""
+
+
+def test_a_program_cannot_lower_another_processes_limits(box):
+    # prlimit64 asks only for the same uid: a program could set the supervisor's descriptor limit
+    # to 4 and break the next program (an infrastructure error charged to someone else's sample).
+    out = run(box, PRLIMIT.replace("TARGETS", '[("init", 1), ("parent", os.getppid())]'))
+    assert out["init"] == 1 and out["parent"] == 1, out  # EPERM
+    assert out["read"][0] > 4 and out["own"] == [64, 64], out
+    assert box.py("print(len(open('/proc/self/status').read()) > 0)").stdout == "True\n"
+    # Control: on the host, outside the filter, the same call on a same-uid process works.
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        control = on_host(PRLIMIT.replace("TARGETS", f'[("other", {child.pid})]'))
+        assert control["other"] == "set" and control["read"] == [4, 4], control
+    finally:
+        child.kill()
+        child.wait()

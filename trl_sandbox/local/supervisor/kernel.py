@@ -13,7 +13,7 @@ then, before any program code runs:
    namespace is as fresh, and the ~0.1 ms of CPU a namespace costs per exec is saved.
 2. drops every capability: bounding set, ambient set, then effective/permitted/inheritable.
 3. ``PR_SET_NO_NEW_PRIVS`` and a seccomp filter in the spirit of Docker's default profile:
-   keyrings, ``ptrace``, new namespaces (``unshare``, ``setns``, ``clone`` with ``CLONE_NEW*``;
+   keyrings, ``ptrace``, setting another process's rlimits (``prlimit64`` with a pid), new namespaces (``unshare``, ``setns``, ``clone`` with ``CLONE_NEW*``;
    ``clone3`` is ENOSYS so that libc falls back to ``clone``), the ``mount`` family, kernel
    modules, ``bpf``, ``perf_event_open``, ``kexec``, ``userfaultfd``, ``process_vm_*`` and the
    like fail with EPERM; in memory mode ``"deny"`` so do SysV ``shmget``/``msgget``/``semget`` and
@@ -73,6 +73,10 @@ DENIED = {
 DENY_MODE = {"shmget": (29, 194), "msgget": (68, 186), "semget": (64, 190), "memfd_create": (319, 279),
              "mq_open": (240, 180)}
 CLONE, CLONE3 = (56, 220), (435, 435)
+# prlimit64 on another process needs only the same uid (no ptrace access, so non-dumpable is no
+# shield): a program could lower the supervisor's or the judge's limits (descriptors, CPU, address
+# space) and break the next program. Allowed on itself (pid 0, what setrlimit() sends) and to read.
+PRLIMIT64 = (302, 261)
 ARCHES = {"x86_64": (0, 0xC000003E), "aarch64": (1, 0xC00000B7), "arm64": (1, 0xC00000B7)}
 
 LIBC = None
@@ -114,11 +118,22 @@ def seccomp_program(machine, memory_mode):
     numbers = sorted(set(n for n in denied if n is not None))
     # The calls programs make most (read, write, mmap, ... on x86_64) are below every number
     # this filter looks at: allow them after one comparison instead of a walk down the list.
-    op(JGE, min(numbers + [CLONE[column], CLONE3[column]]), 1, 0)
+    op(JGE, min(numbers + [CLONE[column], CLONE3[column], PRLIMIT64[column]]), 1, 0)
     op(RET, RET_ALLOW)
     for nr in numbers:
         op(JEQ, nr, 0, 1)
         op(RET, RET_ERRNO | EPERM)
+    op(JEQ, PRLIMIT64[column], 0, 10)
+    op(LD_ABS, 16)                     # prlimit64: pid, low half
+    op(JEQ, 0, 0, 2)
+    op(LD_ABS, 20)                     # pid, high half
+    op(JEQ, 0, 4, 0)                   # pid 0: ourselves
+    op(LD_ABS, 32)                     # new_limit, low half
+    op(JEQ, 0, 0, 3)
+    op(LD_ABS, 36)                     # new_limit, high half
+    op(JEQ, 0, 0, 1)                   # NULL: only reading another process's limits
+    op(RET, RET_ALLOW)
+    op(RET, RET_ERRNO | EPERM)
     op(JEQ, CLONE3[column], 0, 1)
     op(RET, RET_ERRNO | ENOSYS)
     op(JEQ, CLONE[column], 1, 0)
