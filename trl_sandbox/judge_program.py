@@ -57,6 +57,11 @@ if "_start_candidate" not in globals():
     )
     from trl_sandbox.judge_clock import _Clock
 
+# Set where the judge stays resident across programs (the local sandbox's): the candidate process
+# is already forked (see ``_serve_candidate``); this sends it its part of the payload and returns
+# ``(pid, request fd, reply fd)``, in place of ``_start_candidate``.
+_ATTACH = None
+
 MARKER = b"@@trl-sandbox-verdict@@"
 VERSION = 1
 class _Timeout(BaseException):
@@ -293,11 +298,28 @@ def _run_call(conn, spec):
     return results
 
 
+# The task's setup and tests, compiled: a judge that stays resident across programs (the local
+# sandbox's) compiles each text once. Trusted text only: the candidate's source never comes here.
+_COMPILED = {}
+_COMPILED_MAX = 256
+
+
+def _compiled(text, filename):
+    key = (text, filename)
+    code = _COMPILED.get(key)
+    if code is None:
+        code = compile(text, filename, "exec")
+        if len(_COMPILED) >= _COMPILED_MAX:
+            _COMPILED.clear()
+        _COMPILED[key] = code
+    return code
+
+
 def _run_check(conn, spec, defined):
     namespace = {"__name__": "__judge__"}
     setup = spec.get("setup") or ""
     if setup:
-        exec(compile(setup, "<setup>", "exec"), namespace)
+        exec(_compiled(setup, "<setup>"), namespace)
     for name in spec.get("bind") or ():
         namespace[name] = _Proxy(conn, name)
     for name in spec.get("bind_defined") or ():
@@ -309,7 +331,7 @@ def _run_check(conn, spec, defined):
             results.append(_NOT_RUN)
             continue
         try:
-            exec(compile(test, "<test>", "exec"), namespace)
+            exec(_compiled(test, "<test>"), namespace)
             result = {"ok": True}
         except _Dead:
             result = None
@@ -363,11 +385,15 @@ def main():
             raise SystemExit("the judge needs a 16-byte nonce on stdin")
         got += n
     view.release()
-    candidate_spec = _pickle.loads(_read_message(0))
+    candidate_part = _read_message(0)
+    candidate_spec = _pickle.loads(candidate_part)
     start = time.monotonic()
     limit = float(candidate_spec.get("limit", 1.0))
     clock = _Clock(start, limit, float(candidate_spec.get("wall_limit", limit)), candidate_spec.get("clock", "wall"))
-    pid, wfd, rfd = _start_candidate(candidate_spec, nonce)
+    if _ATTACH is None:
+        pid, wfd, rfd = _start_candidate(candidate_spec, nonce)
+    else:
+        pid, wfd, rfd = _ATTACH(candidate_part)
     judge_spec = _pickle.loads(_read_message(0))
     conn = _Conn(pid, wfd, rfd, clock, int(candidate_spec.get("max_bytes", 16 << 20)))
     verdict = {"v": VERSION, "nondumpable": guarded}

@@ -87,7 +87,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from ..judge import JUDGE_SOURCE
 from ..sandbox import Capabilities, ConfigError, InfraError, SandboxInfo, SandboxSpec
-from ..settings import number
+from ..settings import flag, number
 from . import mounts
 from .cgroups import PID_HEADROOM, Cgroups, SandboxGroup
 from .command import INSTALL_HINT, SCRATCH, SUPERVISOR_PATH, Command
@@ -131,7 +131,9 @@ class LocalProvider:
     directories to make visible, e.g. ``["numpy"]`` or ``"numpy,sympy"``), ``time_budget``
     (``"cpu"``: an exec's timeout is CPU seconds of its whole process tree, so waiting for a core
     never times a program out; ``"wall"``: wall-clock seconds) and, in CPU mode, the wall-clock
-    backstop for programs that sleep or block: ``wall_factor`` x timeout + ``wall_margin_s``.
+    backstop for programs that sleep or block: ``wall_factor`` x timeout + ``wall_margin_s``;
+    ``resident_judge`` (``True``: one judge process per sandbox judges program after program, and
+    each judged program costs one process, its candidate's; ``False``: a judge process per program).
     """
 
     name = "local"
@@ -159,6 +161,7 @@ class LocalProvider:
         time_budget: str = "cpu",
         wall_factor: float = 4.0,
         wall_margin_s: float = 2.0,
+        resident_judge: bool = True,
     ) -> None:
         found = shutil.which(bwrap)
         if not found:
@@ -211,6 +214,7 @@ class LocalProvider:
             raise ConfigError(f"provider setting wall_margin_s={wall_margin_s!r} must be 0 or more")
         self.wall_timeouts = 0  # execs ended by the wall-clock backstop (slept or blocked), not by CPU
         self._preload = tuple(preload)
+        self.resident_judge = flag("local", "resident_judge", resident_judge)
         # Trusted programs every sandbox runs ahead (the judge: see supervisor/main.warm_up). An exec
         # names one by its token, so its source does not travel with every exec.
         self.warm_tokens: dict[str, str] = {JUDGE_SOURCE: "\0trl-sandbox-warm-0"}
@@ -323,6 +327,7 @@ class LocalProvider:
             "preload": list(self._preload),
             "warm": [[token, source] for source, token in self.warm_tokens.items()],
             "cache_bytes": self._cache_bytes,
+            "resident_judge": self.resident_judge,
             **self._supervisor_options,
         }
         try:

@@ -12,6 +12,7 @@ for the wire format, and nothing else.
   capabilities, a seccomp filter; and the fresh tmpfs mounts of every lease.
 * ``forkserver``: the exec path in the supervisor (plan, compile, fork, wait, sweep).
 * ``child``: the exec path in the forked child (become the program).
+* ``resident``: the judge that stays resident across programs (one fork per judged program).
 * ``files``: the host's file operations and ``reset()``.
 * ``main``: start-up, configuration and the request loop.
 """

@@ -57,9 +57,12 @@ def child_setup(job):
         os.environ.update(env)
 
 
-def apply_limits():
+def apply_limits(skip=()):
     setrlimit = resource.setrlimit
+    skipped = [getattr(resource, n) for n in skip]
     for name, soft, hard in S.RLIMITS:
+        if name in skipped:
+            continue
         try:
             setrlimit(name, (soft, hard))
         except (ValueError, OSError):
@@ -187,8 +190,14 @@ def run_child(job):
     # dropped: the hidden reference taken in main.configure() keeps the cache alive and
     # unreachable (frozen objects are not in gc.get_objects() either).
     S.CACHE = None
+    from . import resident  # it imports this module
+
     try:
-        if job[0] is None:
+        if job[0] == "resident":
+            resident.run_resident(job)
+        elif job[0] == "candidate":
+            resident.run_candidate(job)
+        elif job[0] is None:
             run_exec_child(job)
         else:
             run_python_child(job)

@@ -22,6 +22,7 @@ import signal
 import time
 import warnings
 
+from . import resident
 from . import state as S
 from .child import EXIT_NOT_FOUND
 from .files import read_regular
@@ -169,6 +170,8 @@ def do_exec(request):
         code = S.WARM.get(plan[0]) if plan[3] is None and plan[1] == "<string>" else None
         if code is None:
             code = compiled(plan[0], plan[1])
+        elif resident.usable(code, env):
+            return resident.do_exec(code, stdin_fd, timeout, cwd)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     # A page of its own for every exec: whatever a program writes into it dies with the exec.
@@ -251,10 +254,11 @@ class Budget:
     time; the tree's CPU is read only when it could first have used the budget up, so a program
     that ends sooner costs nothing. The wall clock ends what sleeps or blocks, at the backstop."""
 
-    def __init__(self, start, timeout, children_cpu):
+    def __init__(self, start, timeout, children_cpu, offset=0.0):
         self.cpu = S.TIME_BUDGET == "cpu"
         self.timeout = timeout
         self.children_cpu = children_cpu
+        self.offset = offset  # CPU seconds of a process that was there before (a resident judge)
         self.wall_deadline = start + (S.WALL_FACTOR * timeout + S.WALL_MARGIN_S if self.cpu else timeout)
         self.next_check = start + timeout if self.cpu else self.wall_deadline
         self.wall_hit = False
@@ -265,33 +269,57 @@ class Budget:
             self.wall_hit = self.cpu
             return None
         if now >= self.next_check:
-            left = self.timeout - tree_cpu(self.children_cpu)
+            left = self.timeout - (tree_cpu(self.children_cpu) - self.offset)
             if left <= 0:
                 return None
             self.next_check = now + max(0.005, left)
         return min(self.next_check, self.wall_deadline) - now
 
 
+class Output:
+    """An exec's stdout and stderr, read as they come. Output beyond the cap is read and dropped,
+    so that a writer never blocks on a full pipe."""
+
+    def __init__(self, out_r, err_r):
+        self.chunks = {out_r: [], err_r: []}
+        self.kept = {out_r: 0, err_r: 0}
+        self.open = 2
+        self.truncated = False
+
+    def read(self, fd):
+        """Read what ``fd`` has; False at its end."""
+        data = os.read(fd, 65536)
+        if not data:
+            self.open -= 1
+            return False
+        room = S.OUTPUT_CAP - self.kept[fd]
+        if len(data) > room:
+            self.truncated = True
+            data = data[:room] if room > 0 else b""
+        if data:
+            self.chunks[fd].append(data)
+            self.kept[fd] += len(data)
+        return True
+
+    def text(self, fd):
+        return b"".join(self.chunks[fd])
+
+
 def wait_child(pid, budget, out_r, err_r):
     """Collect output until the child has exited and the pipes are closed, or its time is up.
 
-    Returns ``(status, timed_out, stdout, stderr, truncated)``. Output beyond the cap is read
-    and dropped, so that a writer never blocks on a full pipe.
+    Returns ``(status, timed_out, stdout, stderr, truncated)``.
     """
     watch = os.pidfd_open(pid) if S.USE_PIDFD else S.WAKE_R
     poller = select.poll()
     poller.register(out_r, select.POLLIN)
     poller.register(err_r, select.POLLIN)
     poller.register(watch, select.POLLIN)
-    chunks = {out_r: [], err_r: []}
-    kept = {out_r: 0, err_r: 0}
-    open_pipes = 2
-    truncated = timed_out = False
+    out = Output(out_r, err_r)
+    timed_out = False
     status = None
-    read = os.read
-    cap = S.OUTPUT_CAP
     try:
-        while status is None or open_pipes:
+        while status is None or out.open:
             if status is None:
                 remaining = budget.wait_s(time.monotonic())
                 if remaining is None:
@@ -315,28 +343,18 @@ def wait_child(pid, budget, out_r, err_r):
                     if done:
                         status = st
                         poller.unregister(watch)
-                        if open_pipes:
+                        if out.open:
                             # Whatever outlives the child may hold its pipes: end it now.
                             kill_all()
                     continue
-                data = read(fd, 65536)
-                if not data:
+                if not out.read(fd):
                     poller.unregister(fd)
-                    open_pipes -= 1
-                    continue
-                room = cap - kept[fd]
-                if len(data) > room:
-                    truncated = True
-                    data = data[:room] if room > 0 else b""
-                if data:
-                    chunks[fd].append(data)
-                    kept[fd] += len(data)
     finally:
         if S.USE_PIDFD:
             os.close(watch)
         os.close(out_r)
         os.close(err_r)
-    return status, timed_out, b"".join(chunks[out_r]), b"".join(chunks[err_r]), truncated
+    return status, timed_out, out.text(out_r), out.text(err_r), out.truncated
 
 
 def kill_all():
@@ -359,7 +377,8 @@ def drain_wakeups():
 def sweep():
     """Kill and reap every process of the namespace but ourselves. Their IPC namespace (each
     exec has its own) goes with the last of them, and with it every SysV object and POSIX
-    message queue they made."""
+    message queue they made. A resident judge is one of them."""
+    resident.forget()
     if kill_all():
         while True:
             try:

@@ -77,6 +77,34 @@ CLONE, CLONE3 = (56, 220), (435, 435)
 # shield): a program could lower the supervisor's or the judge's limits (descriptors, CPU, address
 # space) and break the next program. Allowed on itself (pid 0, what setrlimit() sends) and to read.
 PRLIMIT64 = (302, 261)
+# The candidates of a judge that stays resident across programs (``resident``) get a filter that
+# keeps their hands off it (``protect``, its pid P): (system call numbers, argument, values refused).
+# Signals to P, to its process group or to -1 (everyone); scheduling, nice and I/O priority of P,
+# of its group or of every process of the user. pidfd_send_signal is refused outright (it also
+# takes a /proc/<pid> directory, which a filter cannot tell from another).
+EVERYONE = 0xFFFFFFFF
+
+
+def protect_rules(pid):
+    group = -pid & 0xFFFFFFFF
+    return [
+        ((62, 129), 0, (pid, group, EVERYONE)),          # kill
+        ((129, 138), 0, (pid, group, EVERYONE)),         # rt_sigqueueinfo
+        ((200, 130), 0, (pid,)),                         # tkill
+        ((234, 131), 0, (pid,)),                         # tgkill
+        ((297, 240), 0, (pid,)),                         # rt_tgsigqueueinfo
+        ((141, 140), 0, (2,)),                           # setpriority(PRIO_USER, ...)
+        ((141, 140), 1, (pid,)),                         # setpriority(PRIO_PROCESS or PRIO_PGRP, P)
+        ((251, 30), 0, (3,)),                            # ioprio_set(IOPRIO_WHO_USER, ...)
+        ((251, 30), 1, (pid,)),                          # ioprio_set(IOPRIO_WHO_PROCESS or _PGRP, P)
+        ((203, 122), 0, (pid,)),                         # sched_setaffinity
+        ((144, 119), 0, (pid,)),                         # sched_setscheduler
+        ((142, 118), 0, (pid,)),                         # sched_setparam
+        ((314, 274), 0, (pid,)),                         # sched_setattr
+    ]
+
+
+PIDFD_SEND_SIGNAL = (424, 424)
 ARCHES = {"x86_64": (0, 0xC000003E), "aarch64": (1, 0xC00000B7), "arm64": (1, 0xC00000B7)}
 
 LIBC = None
@@ -95,14 +123,17 @@ def check(result, what):
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
-def seccomp_program(machine, memory_mode):
-    """The BPF program (bytes of ``struct sock_filter``) for this machine and memory mode."""
+def seccomp_program(machine, memory_mode, protect=None):
+    """The BPF program (bytes of ``struct sock_filter``) for this machine and memory mode; with
+    ``protect``, a pid that no signal from the filtered process may reach (a resident judge)."""
     if machine not in ARCHES:
         raise OSError(EPERM, f"no seccomp filter for the architecture {machine!r} (x86_64 and aarch64 have one)")
     column, audit_arch = ARCHES[machine]
     denied = [nrs[column] for nrs in DENIED.values()]
     if memory_mode == "deny":
         denied += [nrs[column] for nrs in DENY_MODE.values()]
+    if protect is not None:
+        denied.append(PIDFD_SEND_SIGNAL[column])
     ins = []
 
     def op(code, k, jt=0, jf=0):
@@ -115,6 +146,18 @@ def seccomp_program(machine, memory_mode):
     if column == 0:
         op(JGE, X32_SYSCALL_BIT, 0, 1)
         op(RET, RET_ERRNO | EPERM)
+    if protect is not None:
+        # One block per rule: not this call, next block; the argument's low half (pids, "which"
+        # and priorities are 32 bits) one of the values, EPERM; else on to the next block (a call
+        # may have two rules), reloading the number.
+        for nrs, arg, values in protect_rules(protect):
+            op(JEQ, nrs[column], 0, len(values) + 3)
+            op(LD_ABS, 16 + 8 * arg)
+            for i, value in enumerate(values):
+                op(JEQ, value, len(values) - i, 0)
+            op(JEQ, 0, 1, 1)               # (always) past the EPERM
+            op(RET, RET_ERRNO | EPERM)
+            op(LD_ABS, 0)                  # the syscall number again, for the next block
     numbers = sorted(set(n for n in denied if n is not None))
     # The calls programs make most (read, write, mmap, ... on x86_64) are below every number
     # this filter looks at: allow them after one comparison instead of a walk down the list.
@@ -166,6 +209,7 @@ class Prepared:
         self.prctl = lib.prctl
         self.capset = lib.capset
         self.fresh_ipc = memory_mode != "deny"
+        self.memory_mode = memory_mode
         self.code = seccomp_program(os.uname().machine, memory_mode)
         self.fprog = SockFprog(len(self.code) // 8, self.code)
         self.fprog_ref = ctypes.byref(self.fprog)
@@ -193,9 +237,23 @@ def prepare(memory_mode):
     PREPARED = Prepared(memory_mode)
 
 
-def enter_program():
+class Filter:
+    """A seccomp program ready for ``enter_program`` (the buffers live as long as this object)."""
+
+    def __init__(self, code):
+        self.code = code
+        self.fprog = SockFprog(len(code) // 8, code)
+        self.ref = ctypes.byref(self.fprog)
+
+
+def protecting(pid):
+    """The filter of a program that no signal of its may reach ``pid`` (a resident judge)."""
+    return Filter(seccomp_program(os.uname().machine, PREPARED.memory_mode, protect=pid))
+
+
+def enter_program(seccomp=None):
     """In the forked child: a fresh IPC namespace (where IPC is allowed), no capabilities, the
-    seccomp filter."""
+    seccomp filter (``seccomp``: a ``Filter`` in place of the usual one)."""
     p = PREPARED
     if p.fresh_ipc:
         check(p.unshare(CLONE_NEWIPC), "unshare(CLONE_NEWIPC)")
@@ -205,7 +263,7 @@ def enter_program():
     check(prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "PR_CAP_AMBIENT_CLEAR_ALL")
     check(p.capset(*p.cap_refs), "capset")
     check(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "PR_SET_NO_NEW_PRIVS")
-    check(prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, p.fprog_ref, 0, 0), "seccomp")
+    check(prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, p.fprog_ref if seccomp is None else seccomp.ref, 0, 0), "seccomp")
 
 
 # -- the scratch mounts ------------------------------------------------------------------------

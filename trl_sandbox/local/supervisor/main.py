@@ -18,7 +18,7 @@ import resource
 import signal
 import sys
 
-from . import files, kernel, protocol
+from . import files, kernel, protocol, resident
 from . import state as S
 from .child import EXIT_CANNOT_RUN, run_child
 from .forkserver import do_exec, sweep
@@ -84,6 +84,7 @@ def configure(config):
     except (ValueError, OSError):
         pass
     S.OUTPUT_CAP = int(config["output_bytes"])
+    resident.ENABLED = bool(config.get("resident_judge", True))
     S.CACHE_MAX_BYTES = int(config.get("cache_bytes", S.CACHE_MAX_BYTES))
     S.CACHE_MAX_ENTRIES = int(config.get("cache_entries", S.CACHE_MAX_ENTRIES))
     version = "{}.{}".format(*sys.version_info[:2])

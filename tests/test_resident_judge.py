@@ -1,0 +1,312 @@
+"""The local sandbox's judge stays resident across programs (one fork per judged program), and is
+as out of reach as a fresh judge per program: no signal, limit or scheduling change from a
+candidate reaches it, nothing a candidate leaves behind survives its exec, and no candidate can
+find in its memory what the judge saw of earlier programs (tests, nonces).
+
+Every attack has a positive control: the same code against a process the candidate owns, where
+it works, or the same secret where it must be found.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import textwrap
+import time
+
+import pytest
+
+from trl_sandbox.judge import build_program, call_spec, check_outcome, check_spec, parse_verdict, plain_loads
+
+from .local_helpers import local_host
+
+SQUARE = "def f(x):\n    return x * x\n"
+SQUARE_TESTS = check_spec(["assert f(2) == 4", "assert f(3) == 9"], bind=["f"])
+
+
+def judged(box, source, spec, limit_s=2.0):
+    program = build_program(source, spec, limit_s=limit_s)
+    nonce = os.urandom(16)
+    result = box.exec(list(program.argv), stdin=nonce + program.stdin, timeout=program.timeout)
+    return result, nonce
+
+
+def returned(box, source, limit_s=5.0):
+    """What the candidate's ``f(0)`` returned (call mode), decoded as the host decodes it."""
+    result, nonce = judged(box, source, call_spec("f", [0]), limit_s=limit_s)
+    verdict = parse_verdict(result, nonce)
+    assert verdict is not None and verdict.loaded, result
+    test = verdict.tests[0]
+    assert test["ok"], (test, result)
+    return plain_loads(base64.b64decode(test["value"]))
+
+
+def others(box):
+    """Host pids of the sandbox's processes but its supervisor."""
+    return sorted(set(box.namespace_members()) - {box.supervisor_pid()})
+
+
+def state_of(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def assert_square_passes(box):
+    result, nonce = judged(box, SQUARE, SQUARE_TESTS)
+    outcome = check_outcome(result, nonce, 2)
+    assert outcome.status == "passed", (outcome, result)
+
+
+@pytest.fixture(scope="module")
+def host():
+    with local_host() as h:
+        yield h
+
+
+@pytest.fixture
+def box(host):
+    b = host.create()
+    yield b
+    b.destroy()
+
+
+def test_one_judge_serves_program_after_program(box):
+    assert_square_passes(box)
+    judge = others(box)
+    assert len(judge) == 1, judge  # the judge, resident; the candidate is gone
+    for _ in range(5):
+        assert_square_passes(box)
+        assert others(box) == judge
+    wrong, nonce = judged(box, "def f(x):\n    return x + x\n", SQUARE_TESTS)
+    assert check_outcome(wrong, nonce, 2).status == "failed"
+    # Control: with the resident judge switched off, every program has a judge of its own.
+    with local_host(resident_judge="false") as h:
+        fresh = h.create()
+        assert_square_passes(fresh)
+        assert others(fresh) == []
+
+
+ATTACKS = r'''
+import ctypes, json, os, resource, signal, time
+libc = ctypes.CDLL(None, use_errno=True)
+X86 = os.uname().machine == "x86_64"
+NR = {"tkill": 200 if X86 else 130, "tgkill": 234 if X86 else 131, "rt_sigqueueinfo": 129 if X86 else 138,
+      "pidfd_open": 434, "pidfd_send_signal": 424, "ioprio_set": 251 if X86 else 30}
+
+def call(name, *args):
+    ctypes.set_errno(0)
+    r = libc.syscall(NR[name], *args)
+    return "ok" if r >= 0 else os.strerror(ctypes.get_errno())
+
+def attempt(fn):
+    try:
+        fn()
+        return "ok"
+    except OSError as exc:
+        return exc.strerror
+
+def attacks(target, stop=signal.SIGSTOP):
+    siginfo = ctypes.create_string_buffer(128)
+    siginfo[0:4] = int(stop).to_bytes(4, "little")
+    siginfo[8:12] = (-1).to_bytes(4, "little", signed=True)  # si_code SI_QUEUE, as sigqueue() sends
+    out = {
+        "kill": attempt(lambda: os.kill(target, stop)),
+        "killpg": attempt(lambda: os.killpg(target, stop)),
+        "tkill": call("tkill", target, stop),
+        "tgkill": call("tgkill", target, target, stop),
+        "rt_sigqueueinfo": call("rt_sigqueueinfo", target, stop, siginfo),
+        "prlimit": attempt(lambda: resource.prlimit(target, resource.RLIMIT_NOFILE, (4, 4))),
+        "affinity": attempt(lambda: os.sched_setaffinity(target, {0})),
+        "nice": attempt(lambda: os.setpriority(os.PRIO_PROCESS, target, 19)),
+        "ioprio": call("ioprio_set", 1, target, (3 << 13)),
+        "mem": attempt(lambda: open("/proc/%d/mem" % target, "rb").close()),
+        "fds": attempt(lambda: os.listdir("/proc/%d/fd" % target)),
+    }
+    fd = libc.syscall(NR["pidfd_open"], target, 0)
+    out["pidfd_send_signal"] = call("pidfd_send_signal", fd, stop, None, 0) if fd >= 0 else "no pidfd"
+    return out
+
+def f(x):
+    me = os.getpid()
+    judge = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, me)]
+    ready_r, ready_w = os.pipe()
+    victim = os.fork()
+    if victim == 0:
+        os.setsid()  # a group and session of its own, as the judge has
+        libc.prctl(4, 1, 0, 0, 0)  # dumpable (the candidate is not): /proc/PID/{fd,mem} are open
+        os.write(ready_w, b"x")
+        time.sleep(30)
+        os._exit(0)
+    os.read(ready_r, 1)
+    control = attacks(victim)
+    os.kill(victim, signal.SIGKILL)
+    os.waitpid(victim, 0)
+    hit = {str(pid): attacks(pid) for pid in judge}
+    everyone = attempt(lambda: os.kill(-1, signal.SIGSTOP))
+    group = attempt(lambda: (os.setpgid(0, judge[0]), os.kill(0, signal.SIGSTOP)))
+    return json.dumps({"control": control, "judge": hit, "everyone": everyone, "group": group})
+'''
+
+
+def test_a_candidate_cannot_reach_the_resident_judge(box):
+    assert_square_passes(box)
+    (judge,) = others(box)
+    out = json.loads(returned(box, ATTACKS))
+    # Control: the same calls on a process the candidate started itself work, but prlimit on
+    # another process, which no program may do (test_local_kernel.py).
+    control = out["control"]
+    assert control["prlimit"] == "Operation not permitted", control
+    for name in ("kill", "killpg", "tkill", "tgkill", "rt_sigqueueinfo", "affinity", "nice", "ioprio", "mem", "fds"):
+        assert control[name] == "ok", (name, control)
+    # pidfd_send_signal cannot tell its target from a descriptor: a candidate may not use it at all.
+    assert control["pidfd_send_signal"] == "Operation not permitted", control
+    (hit,) = out["judge"].values()
+    assert [k for k, v in hit.items() if v == "ok"] == [], hit
+    assert out["everyone"] != "ok" and out["group"] != "ok", out
+    # The judge is the same process, running (not stopped), and still judges right.
+    assert others(box) == [judge] and state_of(judge) in "RS", state_of(judge)
+    assert_square_passes(box)
+    assert others(box) == [judge]
+    # Control: a plain program may use pidfd_send_signal.
+    plain = box.py(ATTACKS + "\nchild = os.fork()\nif child == 0:\n    time.sleep(30)\n"
+                   "print(json.dumps(attacks(child, signal.SIGKILL)['pidfd_send_signal']))")
+    assert plain.stdout == '"ok"\n', plain
+
+
+DAEMON = """
+import os, time
+def f(x):
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            while True:
+                time.sleep(0.01)
+        os._exit(0)
+    time.sleep(0.05)
+    return 1
+"""
+
+
+def test_what_a_candidate_leaves_behind_is_gone_with_its_exec(box):
+    assert_square_passes(box)
+    (judge,) = others(box)
+    assert returned(box, DAEMON) == 1
+    # The daemon was killed, and with it the judge: the next judged program starts a fresh one.
+    assert others(box) == []
+    assert_square_passes(box)
+    (fresh,) = others(box)
+    assert fresh != judge
+    # Control: the same daemon in a plain exec does start (the sweep after it is what ends it).
+    r = box.py("import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(30)\nprint(len([p for p in os.listdir('/proc') if p.isdigit()]))")
+    assert int(r.stdout) >= 2, r
+
+
+SECRET_TESTS = check_spec(["assert f(2) == 4  # the hidden test SECRET-" + "a1b2c3d4e5"], bind=["f"])
+SCAN = r"""
+import os, re
+# Patterns that match the secret (and a string of the candidate's own) without holding either
+# whole: the scan must not find its own needle.
+SECRET = re.compile(rb"hidden test SECRET-a1b2c3d4e[5]")
+OWN = re.compile(rb"CANDIDATE-f6e5d4c3b[2]")
+alive = "".join(["CANDIDATE-", "f6e5d4c3b2"])   # made at run time: in this process's memory
+
+def scan(pattern):
+    hits = 0
+    with open("/proc/self/maps") as maps, open("/proc/self/mem", "rb", 0) as mem:
+        for line in maps:
+            fields = line.split()
+            if "r" not in fields[1] or (len(fields) > 5 and fields[5] in ("[vvar]", "[vsyscall]")):
+                continue
+            lo, hi = (int(v, 16) for v in fields[0].split("-"))
+            try:
+                mem.seek(lo)
+                hits += len(pattern.findall(mem.read(hi - lo)))
+            except (OSError, OverflowError, ValueError):
+                pass
+    return hits
+
+def f(x):
+    import ctypes
+    ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # dumpable: /proc/self/mem is open to its owner
+    return [scan(SECRET), scan(OWN) > 0]
+"""
+
+
+def test_no_candidate_finds_what_the_judge_saw_of_earlier_programs(box):
+    for _ in range(3):  # the judge has run this test three times, and holds it in its memory
+        result, nonce = judged(box, SQUARE, SECRET_TESTS)
+        assert check_outcome(result, nonce, 1).status == "passed"
+    assert len(others(box)) == 1
+    secret_hits, control = returned(box, SCAN)
+    assert control is True  # the scan finds what is in the candidate's memory
+    assert secret_hits == 0
+    # Control: the same text in the candidate's own source (so in its memory) is found.
+    hits, _ = returned(box, SCAN + "\n# the hidden test SECRET-a1b2c3d4e5\n")
+    assert hits > 0
+
+
+def test_the_judge_outlives_a_reset_and_not_a_plain_exec(box):
+    assert_square_passes(box)
+    (first,) = others(box)
+    box.write("left.txt", "from the last lease")
+    box.reset()  # a pool resets between leases: the judge stays, the scratch places are new
+    assert others(box) == [first]
+    assert box.py("import os; print(os.listdir('.'))").stdout == "[]\n"
+    assert others(box) == []  # a plain exec ends with a sweep: the judge goes with it
+    assert_square_passes(box)
+    (second,) = others(box)
+    assert second != first
+    # A candidate works in the fresh scratch place (the judge's own directory is /).
+    files = returned(box, "import os\ndef f(x):\n    open('mine.txt', 'w').close()\n    return [os.getcwd(), os.listdir('.')]\n")
+    assert files == ["/work", ["mine.txt"]], files
+    box.reset()
+    assert others(box) == [second]
+    assert returned(box, "import os\ndef f(x):\n    return os.listdir('.')\n") == []
+
+
+BURN_IN_JUDGE = check_spec(["x = sum(range(6_000_000))\nassert f(2) == 4"], bind=["f"])
+SLEEPER = "import time\ndef f(x):\n    time.sleep(1.2)\n    return x * x\n"
+
+
+def test_the_exec_budget_leaves_out_what_the_judge_spent_before(box):
+    # The judge spends CPU on earlier programs' tests (their own budgets count it); a later program
+    # whose own CPU is small passes even when its wall time runs past the exec's CPU budget.
+    spent = 0.0
+    while spent < 2.0:
+        result, nonce = judged(box, SQUARE, BURN_IN_JUDGE, limit_s=5.0)
+        assert check_outcome(result, nonce, 1).status == "passed", result
+        (judge,) = others(box)
+        with open(f"/proc/{judge}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        spent = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    started = time.monotonic()
+    result, nonce = judged(box, SLEEPER, SQUARE_TESTS, limit_s=0.5)  # the exec's budget: 1.5 CPU s
+    assert check_outcome(result, nonce, 2).status == "passed", result
+    assert time.monotonic() - started >= 1.2
+    # Control: a candidate that spins is still ended by its budget.
+    result, nonce = judged(box, "def f(x):\n    while True:\n        pass\n", SQUARE_TESTS, limit_s=0.5)
+    assert check_outcome(result, nonce, 2).status == "timeout", result
+    assert_square_passes(box)
+
+
+SHM = textwrap.dedent("""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    def f(x):
+        if x:
+            return libc.shmget(0x5eed, 4096, 0o1600)   # IPC_CREAT | 0600
+        return libc.shmget(0x5eed, 0, 0o600)
+""")
+
+
+def test_each_candidate_has_a_fresh_ipc_namespace():
+    with local_host(memory_mode="cgroup") as h:
+        b = h.create()
+        made, nonce = judged(b, SHM, call_spec("f", [1]))
+        verdict = parse_verdict(made, nonce)
+        assert plain_loads(base64.b64decode(verdict.tests[0]["value"])) >= 0, made
+        assert returned(b, SHM) == -1  # the segment died with the candidate that made it
+        # Control: inside one candidate, the segment it made is there.
+        both = SHM.replace("def f(x):", "def g(x):") + "def f(x):\n    g(1)\n    return libc.shmget(0x5eed, 0, 0o600)\n"
+        assert returned(b, both) >= 0

@@ -1,0 +1,370 @@
+"""The judge that stays resident: one process per judged program instead of two.
+
+A judged program used to be a forked judge that forked the candidate, a second process, and both
+were set up, torn down and swept for every program. Here the judge (the warm program whose module
+defines ``_serve_candidate`` and ``_ATTACH``, see ``judge_program.py``) runs in one long-lived
+process, and each program costs one fork: the candidate's.
+
+Who holds what, and why it is as safe as a fresh judge per program:
+
+* The candidate is forked from this fork server (PID 1), never from the judge: the judge's memory
+  holds the nonce and the tests of every program it judged, and a fork would hand all of that to
+  the next candidate. PID 1 never reads an exec's stdin, so it holds none of it. The candidate
+  gets its part of the payload from the judge over a pipe, after the fork, as before.
+* The candidate cannot reach the judge: the judge is non-dumpable (no /proc/<pid>/mem or fd, no
+  ptrace, which is denied anyway), in a session of its own (a candidate cannot join its process
+  group), and the candidate's seccomp filter refuses every signal to the judge's pid, to its group
+  and to -1 (``kernel.protecting``) and every ``prlimit64`` on another process. Only PID 1 may signal it.
+* Nothing of a program outlives its exec: PID 1 reaps the candidate and, if anything else is left
+  in the sandbox (a daemon the candidate started), kills every process but itself (the judge
+  included, which then starts afresh for the next judged program). An exec that runs out of time,
+  any other exec (its sweep kills everything) and any failure of the judge end the judge too. A
+  lease's reset does not: the judge holds nothing of the scratch places (its working directory is
+  ``/``), and what it holds of earlier programs no program can reach.
+* The judge runs trusted code only (the task's setup and tests) and decodes what the candidate
+  sends with the same bounded, class-refusing unpickler; it has no capabilities and the usual
+  seccomp filter; its memory and descriptors are bounded by the program's rlimits (not its CPU
+  seconds: the exec's budget bounds its time, and an exec that runs out ends it).
+"""
+
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+import time
+
+from . import kernel
+from . import state as S
+from .child import apply_limits, exit_status
+from .protocol import F_TIMED_OUT, F_TRUNCATED, F_WALL, K_ERROR, K_RESULT, reply
+
+ENABLED = True  # the configuration's "resident_judge"
+PID = None  # the judge's pid, while one runs
+SOCKET = None  # PID 1's end of the judge's socket
+FILTER = None  # the candidates' seccomp filter (it names the judge's pid)
+DONE = struct.Struct("<i")
+
+
+def usable(code, env):
+    """Whether this exec of a warm program can go to a resident judge."""
+    return (
+        ENABLED
+        and S.USE_PIDFD
+        and not env
+        and hasattr(socket, "send_fds")
+        and callable(code)
+        and "_serve_candidate" in code.__globals__
+        and "_ATTACH" in code.__globals__
+    )
+
+
+def forget():
+    """The judge is gone (killed by a sweep, or exited): the next judged exec starts one."""
+    global PID, SOCKET, FILTER
+    if SOCKET is not None:
+        SOCKET.close()
+    PID = SOCKET = FILTER = None
+
+
+def cpu_ticks():
+    """The judge's CPU so far (it forks nothing), to leave out of an exec's budget."""
+    try:
+        with open(f"/proc/{PID}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def start(main):
+    """Fork the judge. Returns None in PID 1, and the judge's job in the forked child."""
+    global PID, SOCKET, FILTER
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    for hook in S.PRE_FORK:
+        hook()
+    pid = os.fork()
+    if pid == 0:
+        ours.close()
+        return ("resident", main, theirs)
+    theirs.close()
+    PID, SOCKET = pid, ours
+    FILTER = kernel.protecting(pid)
+    return None
+
+
+def do_exec(main, stdin_fd, timeout, cwd):
+    """Run one judged program: fork the candidate, hand the exec to the judge, wait for both.
+    Returns None in PID 1, and a job in a forked child."""
+    from .forkserver import Budget, exit_code_of, sweep
+
+    if PID is None:
+        job = start(main)
+        if job is not None:
+            return job
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    req_r, req_w = os.pipe()
+    resp_r, resp_w = os.pipe()
+    judge_ticks = cpu_ticks()
+    for hook in S.PRE_FORK:
+        hook()
+    children_cpu = _children_cpu()
+    start_time = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        return ("candidate", main, req_r, resp_w, err_w, cwd)
+    for fd in (req_r, resp_w):
+        os.close(fd)
+    try:
+        os.setpgid(pid, pid)
+    except OSError:
+        pass
+    try:
+        socket.send_fds(SOCKET, [DONE.pack(pid)], [stdin_fd, out_w, err_w, req_w, resp_r])
+        sent = True
+    except OSError:
+        sent = False
+    for fd in (stdin_fd, out_w, err_w, req_w, resp_r):
+        if fd != S.DEVNULL:
+            os.close(fd)
+    if not sent:  # the judge is gone: nothing ran, the host may try again
+        for fd in (out_r, err_r):
+            os.close(fd)
+        sweep()
+        reply(K_ERROR, part1=b"exec failed in the supervisor: the resident judge is gone")
+        return None
+    budget = Budget(start_time, timeout, children_cpu, judge_ticks / S.CLK_TCK)
+    status, timed_out, out, killed = wait(pid, budget, out_r, err_r)
+    duration = time.monotonic() - start_time
+    flags = F_TRUNCATED if out.truncated else 0
+    if timed_out:
+        flags |= F_TIMED_OUT | (F_WALL if budget.wall_hit else 0)
+        exit_code = -signal.SIGKILL
+    else:
+        exit_code = exit_code_of(status)
+    if killed or PID is None or leftovers():
+        sweep()
+    reply(K_RESULT, flags, exit_code, duration, out.text(out_r), out.text(err_r))
+    return None
+
+
+def _children_cpu():
+    t = os.times()
+    return t.children_user + t.children_system
+
+
+def wait(pid, budget, out_r, err_r):
+    """Collect output until the judge has answered, the candidate has exited and the pipes are
+    closed, or the time is up. Returns ``(status, timed_out, output, killed)``; ``status`` is the
+    judge's (a wait status: its exit code, or how it died); ``killed``: everything was killed."""
+    from .forkserver import Output, kill_all
+
+    candidate = os.pidfd_open(pid)
+    poller = select.poll()
+    for fd in (out_r, err_r, candidate, SOCKET.fileno()):
+        poller.register(fd, select.POLLIN)
+    out = Output(out_r, err_r)
+    status = None
+    candidate_done = timed_out = killed = False
+    try:
+        while status is None or not candidate_done or out.open:
+            if status is None or not candidate_done:
+                remaining = budget.wait_s(time.monotonic())
+                if remaining is None:
+                    timed_out = killed = True
+                    kill_all()
+                    if status is None:
+                        status = _judge_died()
+                    if not candidate_done:
+                        os.waitpid(pid, 0)
+                        candidate_done = True
+                        poller.unregister(candidate)
+                    continue
+                events = poller.poll(remaining * 1000.0)
+            else:
+                events = poller.poll(1000.0)
+                if not events:
+                    break  # something unkillable holds a pipe: give up on the rest
+            for fd, _ in events:
+                if fd == candidate:
+                    if os.waitpid(pid, os.WNOHANG)[0]:
+                        candidate_done = True
+                        poller.unregister(candidate)
+                        if status is not None and out.open:
+                            killed = kill_all() or True  # whatever outlives both may hold the pipes
+                elif status is None and fd == SOCKET.fileno():
+                    poller.unregister(fd)
+                    status = _judge_answer()
+                    if not candidate_done:
+                        try:
+                            os.kill(pid, signal.SIGKILL)  # the judge has ended it; make sure
+                        except OSError:
+                            pass
+                elif fd in (out_r, err_r) and not out.read(fd):
+                    poller.unregister(fd)
+    finally:
+        os.close(candidate)
+        os.close(out_r)
+        os.close(err_r)
+    return status, timed_out, out, killed
+
+
+def _judge_answer():
+    """The judge's exit code for this exec (as a wait status), or how it died."""
+    try:
+        data = SOCKET.recv(DONE.size)
+    except OSError:
+        data = b""
+    if len(data) == DONE.size:
+        return (DONE.unpack(data)[0] & 0xFF) << 8
+    return _judge_died()
+
+
+def _judge_died():
+    """Reap the judge (killed, or dying) and forget it. Its wait status."""
+    pid = PID
+    forget()
+    try:
+        return os.waitpid(pid, 0)[1]
+    except ChildProcessError:
+        return signal.SIGKILL
+
+
+def leftovers():
+    """Whether any process but PID 1 and the judge is left (the candidate has been reaped)."""
+    judge = str(PID)
+    return any(name.isdigit() and name != "1" and name != judge for name in os.listdir("/proc"))
+
+
+# -- in the forked children ---------------------------------------------------------------------
+
+
+def _become_python():
+    """What a forked Python child sets up before running anything (see child.run_python_child)."""
+    import builtins
+    import gc
+
+    sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__ = S.STREAMS[False]
+    sys.argv = ["-c"]
+    sys.path = list(S.BASE_PATH)  # isolated (-I): nothing of the working directory
+    main = type(sys)("__main__")
+    main.__dict__.update(__annotations__={}, __builtins__=builtins,
+                         __loader__=sys.modules["_frozen_importlib"].BuiltinImporter)
+    sys.modules["__main__"] = main
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    gc.enable()
+
+
+def _oom_first():
+    try:
+        fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
+        try:
+            os.write(fd, b"1000")
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+def run_candidate(job):
+    """The candidate process: the program's limits and clean kernel, then ``_serve_candidate``."""
+    _, main, req_r, resp_w, err_w, cwd = job
+    os.setpgid(0, 0)
+    _oom_first()
+    top = S.FD_LIMIT - 1
+    for i, fd in enumerate((req_r, resp_w, err_w)):
+        os.dup2(fd, top - i)
+    os.dup2(S.DEVNULL, 0)
+    os.dup2(top - 2, 1)  # the candidate's prints go to stderr: stdout carries the verdict only
+    os.dup2(top - 2, 2)
+    os.dup2(top, 3)
+    os.dup2(top - 1, 4)
+    os.closerange(5, S.FD_LIMIT)
+    os.chdir(os.path.join(S.WORK, cwd or ""))
+    _become_python()
+    apply_limits()
+    kernel.enter_program(FILTER)
+    kernel.PREPARED.prctl(kernel.PR_SET_DUMPABLE, 0, 0, 0, 0)  # as a candidate forked by the judge
+    try:
+        main.__globals__["_serve_candidate"](3, 4)
+    except BaseException:
+        pass
+    os._exit(0)
+
+
+def run_resident(job):
+    """The judge: a session of its own, the program's limits but CPU seconds, no capabilities and
+    the usual filter; then one exec after another from PID 1 until it goes away."""
+    _, main, sock = job
+    os.setsid()
+    os.chdir("/")
+    _oom_first()
+    fd = sock.detach()
+    if fd != 3:
+        os.dup2(fd, 3)
+        os.close(fd)
+    sock = socket.socket(fileno=3)
+    for fd in (0, 1, 2, 4):
+        os.dup2(S.DEVNULL, fd)
+    S.DEVNULL = 4
+    os.closerange(5, S.FD_LIMIT)
+    _become_python()
+    apply_limits(skip=("RLIMIT_CPU",))
+    kernel.enter_program()
+    kernel.PREPARED.prctl(kernel.PR_SET_DUMPABLE, 0, 0, 0, 0)
+    current = []
+
+    def attach(candidate_part):
+        pid, req_w, resp_r = current
+        try:
+            os.write(req_w, len(candidate_part).to_bytes(4, "big"))
+            view = memoryview(candidate_part)
+            while view:
+                view = view[os.write(req_w, view):]
+        except OSError:
+            pass  # the candidate is gone: the judge's first read says so
+        return pid, req_w, resp_r
+
+    main.__globals__["_ATTACH"] = attach
+    while True:
+        try:
+            data, fds, _, _ = socket.recv_fds(sock, DONE.size, 5)
+        except OSError:
+            os._exit(0)
+        if len(data) != DONE.size or len(fds) != 5:
+            os._exit(0)  # PID 1 went away (or sent what it never sends)
+        stdin_fd, out_w, err_w, req_w, resp_r = fds
+        for fd, target in ((stdin_fd, 0), (out_w, 1), (err_w, 2)):
+            os.dup2(fd, target)
+            os.close(fd)
+        pid = DONE.unpack(data)[0]
+        current[:] = [pid, req_w, resp_r]
+        status, fatal = 0, False
+        try:
+            main()
+        except SystemExit as exc:
+            status = exit_status(exc)
+        except BaseException as exc:
+            status, fatal = 1, True
+            try:
+                sys.excepthook(type(exc), exc, exc.__traceback__)
+                sys.stderr.flush()
+            except BaseException:
+                pass
+        try:
+            os.kill(pid, signal.SIGKILL)  # the judge has, unless it failed first
+        except OSError:
+            pass
+        for fd in (req_w, resp_r):
+            os.close(fd)
+        for fd in (0, 1, 2):
+            os.dup2(S.DEVNULL, fd)
+        current[:] = []
+        try:
+            sock.send(DONE.pack(status))
+        except OSError:
+            os._exit(0)
+        if fatal:
+            os._exit(1)  # a judge that failed is not used again
