@@ -39,12 +39,24 @@ MARKS = [
     ("conn.kill()  # nothing the candidate does from here on can reach the verdict", "judge: tests and calls"),
     ("_write_all(1, line)", "judge: verdict written"),
 ]
+# In the candidate process, whose output is the exec's stderr: (text the mark goes after, phase).
+# The first mark goes before its line.
+CANDIDATE_MARKS = [
+    ("    spec = _pickle.loads(_read_message(rfd))", "candidate: fork and set-up, until its code runs"),
+    ("    spec = _pickle.loads(_read_message(rfd))", "candidate: its part read"),
+    ('        code = compile(source, filename, "exec")', "candidate: bans set, completion compiled"),
+    ("        exec(code, namespace)", "candidate: completion's module body run"),
+]
+CANDIDATE_REST = "candidate: calls and exit"
 PREAMBLE = (
     "import resource as _R\n"
     "_T = []\n"
     "def _mark(label):\n"
     "    r = _R.getrusage(_R.RUSAGE_SELF)\n"
     "    _T.append((label, r.ru_utime + r.ru_stime))\n"
+    "def _cmark(label):\n"
+    "    r = _R.getrusage(_R.RUSAGE_SELF)\n"
+    "    os.write(2, ('@@cmark@@ %r\\n' % ((label, r.ru_utime + r.ru_stime),)).encode())\n"
 )
 REPORT = '''
 def main():
@@ -62,17 +74,30 @@ def instrumented_judge() -> str:
         match = re.search(r"\n([ ]*)" + re.escape(anchor), src)
         assert match, f"the judge's source changed: {anchor!r} not found"
         src = src.replace(anchor, f"{anchor}\n{match.group(1)}_mark({label!r})", 1)
+    for i, (anchor, label) in enumerate(CANDIDATE_MARKS):
+        assert src.count(anchor) == 1, f"the candidate's source changed: {anchor!r} not found once"
+        indent = anchor[: len(anchor) - len(anchor.lstrip())]
+        mark = f"{indent}_cmark({label!r})"
+        src = src.replace(anchor, f"{mark}\n{anchor}" if i == 0 else f"{anchor}\n{mark}", 1)
     src = src.replace("def main():", "def _judged_main():", 1)
-    return PREAMBLE + src + REPORT
+    return "import os\n" + PREAMBLE + src + REPORT
 
 
 def phases(stderr: str) -> dict[str, float]:
-    line = next(x for x in stderr.splitlines() if x.startswith("@@profile@@ "))
+    """The judge's phases, and the candidate's up to its last mark (the rest is its calls and exit)."""
+    lines = stderr.splitlines()
+    line = next(x for x in lines if x.startswith("@@profile@@ "))
     marks = eval(line.split(" ", 1)[1], {})  # noqa: S307  (our own repr of (str, float) pairs)
     out, last = {}, marks[0][1]
     for label, cpu in marks[1:]:
         out[label] = cpu - last
         last = cpu
+    last = 0.0  # the candidate's first mark: its CPU since the fork
+    for x in lines:
+        if x.startswith("@@cmark@@ "):
+            label, cpu = eval(x.split(" ", 1)[1], {})  # noqa: S307  (our own repr)
+            out[label] = cpu - last
+            last = cpu
     return out
 
 
@@ -131,10 +156,13 @@ async def profile(count: int) -> dict:
         await provider.aclose()
     per = {label: 1000 * total / count for label, total in sums.items()}
     per["judge: receive the exec, answer, and what the marks miss"] = max(
-        0.0, 1000 * (judge1 - judge0) / count - sum(per.values()))
-    per["candidate process (fork, set-up, load, calls, exit)"] = 1000 * (candidates1 - candidates0) / count
+        0.0, 1000 * (judge1 - judge0) / count - sum(v for k, v in per.items() if k.startswith("judge:")))
+    candidate_total = 1000 * (candidates1 - candidates0) / count
+    per[CANDIDATE_REST] = max(0.0, candidate_total - sum(v for k, v in per.items() if k.startswith("candidate:")))
     per["supervisor: request, fork, hand over, wait, answer"] = 1000 * (sup1 - sup0) / count
     per.update({label: 1000 * total / count for label, total in host.items()})
+    order = ("judge:", "candidate:", "supervisor:", "host:")
+    per = dict(sorted(per.items(), key=lambda kv: next(i for i, p in enumerate(order) if kv[0].startswith(p))))
     return {"programs": count, "passed": passed, "cpu_ms_per_program": per,
             "sandbox_ms": sum(v for k, v in per.items() if not k.startswith("host")),
             "host_ms": sum(v for k, v in per.items() if k.startswith("host"))}

@@ -63,3 +63,50 @@ def test_a_program_cannot_find_stdin_it_never_read_in_its_memory():
     assert result.exit_code == 0, result.stderr
     # "0": the earlier execution's stdin was found; "1": this execution's unread stdin was found.
     assert result.stdout.split() == ["none"], f"found in memory: {result.stdout}"
+
+
+PRINT_SECRET = r"""
+import os
+secret = ("OUTPUT-SECRET-" + os.urandom(16).hex()).encode()
+os.write(1, secret + b"\n")
+os.write(2, secret.replace(b"OUTPUT", b"ERRORS") + b"\n")
+"""
+
+
+def test_a_program_cannot_find_an_earlier_programs_output_in_its_memory():
+    from trl_sandbox.judge import build_program, check_outcome, check_spec
+
+    async def scenario():
+        provider = LocalProvider()
+        sandbox = await provider.create(SandboxSpec())
+        try:
+            # The secrets are made inside the sandbox: only the output carries them out.
+            printed = await sandbox.exec(["python3", "-c", PRINT_SECRET], timeout=10)
+            out = printed.stdout.strip().encode()
+            err = printed.stderr.strip().encode()
+            # A judged program: its verdict line (with its nonce) and its candidate's prints.
+            program = build_program("import os\nos.write(2, b'CANDIDATE-' + os.urandom(16).hex().encode())\n"
+                                    "def f(x):\n    return x\n", check_spec(["assert f(1) == 1"], bind=["f"]),
+                                    limit_s=2.0)
+            nonce = os.urandom(16)
+            judged = await sandbox.exec(list(program.argv), stdin=nonce + program.stdin, timeout=program.timeout)
+            assert check_outcome(judged, nonce, 1).status == "passed", judged
+            printed_by_candidate = judged.stderr.strip().encode()
+            # Control: what the fork server does hold is found: a -c source run twice, whose code
+            # (with the string) its compile cache keeps.
+            source = b"SOURCE-SECRET-" + os.urandom(16).hex().encode()
+            for _ in range(2):
+                await sandbox.exec(["python3", "-c", f"x = {source.decode()!r}"], timeout=10)
+            await sandbox.reset()  # a new lease
+            needles = (out, err, nonce.hex().encode(), printed_by_candidate, source)
+            halves = [h.hex() for secret in needles for h in (secret[:16], secret[16:])]
+            result = await sandbox.exec(["python3", "-c", SCAN, *halves], timeout=30)
+            return result, printed_by_candidate
+        finally:
+            await provider.aclose()
+
+    result, printed_by_candidate = asyncio.run(scenario())
+    assert result.exit_code == 0, result.stderr
+    assert printed_by_candidate.startswith(b"CANDIDATE-"), printed_by_candidate
+    # 0-3: the outputs, the verdict's nonce, the candidate's prints; 4: the -c source (the control).
+    assert result.stdout.split() == ["4"], f"found in memory: {result.stdout}"

@@ -26,7 +26,17 @@ from . import resident
 from . import state as S
 from .child import EXIT_NOT_FOUND
 from .files import read_regular
-from .protocol import F_OOM, F_TIMED_OUT, F_TRUNCATED, F_WALL, K_RESULT, read_fd, receive_stdin, reply
+from .protocol import (
+    F_OOM,
+    F_TIMED_OUT,
+    F_TRUNCATED,
+    F_WALL,
+    K_RESULT,
+    read_fd,
+    receive_stdin,
+    reply,
+    reply_files,
+)
 
 # Single-letter interpreter flags that a forked interpreter can honour (or that make no difference
 # to one that is already running). Any other flag (-m, -O, -W, -X, ...) runs the real interpreter.
@@ -193,9 +203,9 @@ def do_exec(request):
     except OSError:
         pass  # it already did so itself (and maybe exec'ed)
     budget = Budget(start, timeout, children_cpu)
-    status, timed_out, out, err, truncated = wait_child(pid, budget, out_r, err_r)
+    status, timed_out, out = wait_child(pid, budget, out_r, err_r)
     duration = time.monotonic() - start
-    flags = F_TRUNCATED if truncated else 0
+    flags = F_TRUNCATED if out.truncated else 0
     if timed_out:
         flags |= F_TIMED_OUT | (F_WALL if budget.wall_hit else 0)
         exit_code = -signal.SIGKILL
@@ -205,10 +215,13 @@ def do_exec(request):
             flags |= F_TIMED_OUT  # the CPU-seconds limit is a time limit too
     oom = status_page[0] == 1
     status_page.close()
-    if oom or (plan is None and exit_code > 0 and last_line(err).startswith(b"MemoryError")):
+    if oom or (plan is None and exit_code > 0 and out.ends_with_memory_error(err_r)):
         flags |= F_OOM
     sweep()
-    reply(K_RESULT, flags, exit_code, duration, out, err)
+    try:
+        out.reply(flags, exit_code, duration, out_r, err_r)
+    finally:
+        out.close()
     return None
 
 
@@ -278,21 +291,40 @@ class Budget:
 
 class Output:
     """An exec's stdout and stderr, read as they come. Output beyond the cap is read and dropped,
-    so that a writer never blocks on a full pipe."""
+    so that a writer never blocks on a full pipe.
+
+    Where the kernel can (``os.splice``, Python 3.10+), the bytes go from the pipes into memfds and
+    from there to the host without ever being in this process's memory: every later program is
+    forked from it, and would find an earlier program's output (a candidate's prints, a verdict)
+    in the memory it inherits."""
 
     def __init__(self, out_r, err_r):
-        self.chunks = {out_r: [], err_r: []}
         self.kept = {out_r: 0, err_r: 0}
         self.open = 2
         self.truncated = False
+        self.files = {}
+        self.chunks = {out_r: [], err_r: []}
+        if S.SPLICE:
+            for fd in (out_r, err_r):
+                self.files[fd] = os.memfd_create("output", os.MFD_CLOEXEC)
 
     def read(self, fd):
-        """Read what ``fd`` has; False at its end."""
+        """Take what ``fd`` has; False at its end."""
+        room = S.OUTPUT_CAP - self.kept[fd]
+        if fd in self.files:
+            if room > 0:
+                moved = os.splice(fd, self.files[fd], min(room, 1 << 16))
+                self.kept[fd] += moved
+            else:
+                moved = os.splice(fd, S.DEVNULL, 1 << 16)
+                self.truncated = self.truncated or moved > 0
+            if not moved:
+                self.open -= 1
+            return bool(moved)
         data = os.read(fd, 65536)
         if not data:
             self.open -= 1
             return False
-        room = S.OUTPUT_CAP - self.kept[fd]
         if len(data) > room:
             self.truncated = True
             data = data[:room] if room > 0 else b""
@@ -301,14 +333,39 @@ class Output:
             self.kept[fd] += len(data)
         return True
 
-    def text(self, fd):
-        return b"".join(self.chunks[fd])
+    def reply(self, flags, code, duration, out_r, err_r):
+        """Answer the host with the result and this output."""
+        if self.files:
+            reply_files(K_RESULT, flags, code, duration, (self.files[out_r], self.kept[out_r]),
+                        (self.files[err_r], self.kept[err_r]))
+        else:
+            reply(K_RESULT, flags, code, duration, b"".join(self.chunks[out_r]), b"".join(self.chunks[err_r]))
+
+    def ends_with_memory_error(self, err_r):
+        """Whether stderr's last line is a ``MemoryError`` (read into a scrubbed buffer)."""
+        if err_r not in self.files:
+            return last_line(b"".join(self.chunks[err_r])).startswith(b"MemoryError")
+        size = self.kept[err_r]
+        tail = bytearray(min(size, 256))
+        try:
+            os.preadv(self.files[err_r], [tail], size - len(tail))
+            end = len(tail)  # no slice of it: each would be a copy left behind in memory
+            while end and tail[end - 1] in b" \t\r\n":
+                end -= 1
+            return tail.startswith(b"MemoryError", tail.rfind(b"\n", 0, end) + 1)
+        finally:
+            tail[:] = bytes(len(tail))
+
+    def close(self):
+        for fd in self.files.values():
+            os.close(fd)
+        self.files = {}
 
 
 def wait_child(pid, budget, out_r, err_r):
     """Collect output until the child has exited and the pipes are closed, or its time is up.
 
-    Returns ``(status, timed_out, stdout, stderr, truncated)``.
+    Returns ``(status, timed_out, output)``.
     """
     watch = os.pidfd_open(pid) if S.USE_PIDFD else S.WAKE_R
     poller = select.poll()
@@ -354,7 +411,7 @@ def wait_child(pid, budget, out_r, err_r):
             os.close(watch)
         os.close(out_r)
         os.close(err_r)
-    return status, timed_out, out.text(out_r), out.text(err_r), out.truncated
+    return status, timed_out, out
 
 
 def kill_all():

@@ -35,6 +35,7 @@ def startup():
     """Move the host channel off fds 0/1, become non-dumpable, and apply the configuration."""
     protocol.CTL_IN, protocol.CTL_OUT = os.dup(0), os.dup(1)  # dup(): non-inheritable across execve
     S.DEVNULL = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
+    S.SPLICE = splice_works()
     os.dup2(S.DEVNULL, 0)
     os.dup2(S.DEVNULL, 1)
     # Bound our own descriptor numbers so that a child closes all of them with one closerange().
@@ -67,6 +68,28 @@ def startup():
         signal.signal(signal.SIGCHLD, _noop)
         signal.set_wakeup_fd(S.WAKE_W, warn_on_full_buffer=False)
     configure(request[1])
+
+
+def splice_works():
+    """Whether outputs can go pipe -> memfd -> pipe, and overflow to /dev/null, by os.splice."""
+    if not hasattr(os, "splice"):
+        return False  # Python < 3.10: outputs are read into memory
+    fds = []
+    try:
+        r, w = os.pipe()
+        fds += [r, w]
+        back_r, back_w = os.pipe()
+        fds += [back_r, back_w]
+        memfd = os.memfd_create("probe", os.MFD_CLOEXEC)
+        fds.append(memfd)
+        os.write(w, b"xy")
+        ok = os.splice(r, memfd, 1) == 1 and os.splice(r, S.DEVNULL, 1) == 1
+        return ok and os.splice(memfd, back_w, 1, offset_src=0) == 1 and os.read(back_r, 1) == b"x"
+    except OSError:
+        return False
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def configure(config):

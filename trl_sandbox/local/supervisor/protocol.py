@@ -41,6 +41,19 @@ def reply(kind, flags=0, code=0, duration=0.0, part1=b"", part2=b""):
     write_all(CTL_OUT, b"".join((HEADER.pack(kind, flags, code, duration, len(part1), len(part2)), part1, part2)))
 
 
+def reply_files(kind, flags, code, duration, part1, part2):
+    """``reply`` with each part the first ``n`` bytes of a file ``(fd, n)``, moved by the kernel."""
+    (fd1, n1), (fd2, n2) = part1, part2
+    write_all(CTL_OUT, HEADER.pack(kind, flags, code, duration, n1, n2))
+    for fd, n in ((fd1, n1), (fd2, n2)):
+        done = 0
+        while done < n:
+            moved = os.splice(fd, CTL_OUT, n - done, offset_src=done)
+            if moved <= 0:
+                raise OSError("the host channel took no more bytes")
+            done += moved
+
+
 def read_exact(n):
     """Exactly ``n`` bytes from the host, or None at end of file. Unbuffered on purpose: a
     read-ahead buffer would swallow the start of the raw stdin frame that follows an exec."""

@@ -38,7 +38,7 @@ import time
 from . import kernel
 from . import state as S
 from .child import apply_limits, exit_status
-from .protocol import F_TIMED_OUT, F_TRUNCATED, F_WALL, K_ERROR, K_RESULT, reply
+from .protocol import F_TIMED_OUT, F_TRUNCATED, F_WALL, K_ERROR, reply
 
 ENABLED = True  # the configuration's "resident_judge"
 PID = None  # the judge's pid, while one runs
@@ -146,7 +146,10 @@ def do_exec(main, stdin_fd, timeout, cwd):
         exit_code = exit_code_of(status)
     if killed or PID is None or leftovers():
         sweep()
-    reply(K_RESULT, flags, exit_code, duration, out.text(out_r), out.text(err_r))
+    try:
+        out.reply(flags, exit_code, duration, out_r, err_r)
+    finally:
+        out.close()
     return None
 
 

@@ -5,6 +5,7 @@ context through every call of the exec path.
 """
 
 DEVNULL = -1
+SPLICE = False  # outputs go pipe -> memfd -> host by os.splice (main.startup checks it works)
 USE_PIDFD = True
 WAKE_R = WAKE_W = -1  # SIGCHLD wake-up pipe, only where pidfds are missing (Python 3.8)
 FD_LIMIT = 1024
