@@ -29,10 +29,8 @@ def child_fail(message, code):
         os._exit(code)
 
 
-def child_setup(job):
-    """Common to both kinds of child: descriptors, signals, cwd, environment."""
-    plan, code, argv, cwd, env, stdin_fd, out_w, err_w = job
-    # Every process of a program is the host OOM killer's first choice; the supervisor is not.
+def oom_first():
+    """Every process of a program is the host OOM killer's first choice; the supervisor is not."""
     try:
         fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
         try:
@@ -41,6 +39,12 @@ def child_setup(job):
             os.close(fd)
     except OSError:
         pass
+
+
+def child_setup(job):
+    """Common to both kinds of child: descriptors, signals, cwd, environment."""
+    plan, code, argv, cwd, env, stdin_fd, out_w, err_w = job
+    oom_first()
     if not S.USE_PIDFD:
         _signal.set_wakeup_fd(-1)
         _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)

@@ -188,7 +188,7 @@ def do_exec(request):
     S.STATUS = status_page = mmap.mmap(-1, 1)
     for hook in S.PRE_FORK:
         hook()
-    children_cpu = _children_cpu()
+    children_cpu = children_cpu_s()
     start = time.monotonic()
     pid = os.fork()
     if pid == 0:
@@ -205,24 +205,25 @@ def do_exec(request):
     budget = Budget(start, timeout, children_cpu)
     status, timed_out, out = wait_child(pid, budget, out_r, err_r)
     duration = time.monotonic() - start
-    flags = F_TRUNCATED if out.truncated else 0
-    if timed_out:
-        flags |= F_TIMED_OUT | (F_WALL if budget.wall_hit else 0)
-        exit_code = -signal.SIGKILL
-    else:
-        exit_code = exit_code_of(status)
-        if exit_code == -signal.SIGXCPU:
-            flags |= F_TIMED_OUT  # the CPU-seconds limit is a time limit too
+    flags, exit_code = outcome(status, timed_out, budget, out)
     oom = status_page[0] == 1
     status_page.close()
     if oom or (plan is None and exit_code > 0 and out.ends_with_memory_error(err_r)):
         flags |= F_OOM
     sweep()
-    try:
-        out.reply(flags, exit_code, duration, out_r, err_r)
-    finally:
-        out.close()
+    out.send(flags, exit_code, duration, out_r, err_r)
     return None
+
+
+def outcome(status, timed_out, budget, out):
+    """The result's flags and exit code."""
+    flags = F_TRUNCATED if out.truncated else 0
+    if timed_out:
+        return flags | F_TIMED_OUT | (F_WALL if budget.wall_hit else 0), -signal.SIGKILL
+    exit_code = exit_code_of(status)
+    if exit_code == -signal.SIGXCPU:
+        flags |= F_TIMED_OUT  # the CPU-seconds limit is a time limit too
+    return flags, exit_code
 
 
 def last_line(data):
@@ -238,7 +239,7 @@ def exit_code_of(status):
     return -1
 
 
-def _children_cpu():
+def children_cpu_s():
     """CPU seconds of every process this supervisor has reaped so far."""
     t = os.times()
     return t.children_user + t.children_system
@@ -258,7 +259,7 @@ def tree_cpu(children_cpu):
             ticks += int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
         except (OSError, IndexError, ValueError):
             continue  # it exited meanwhile (its time is now its reaper's)
-    return ticks / S.CLK_TCK + (_children_cpu() - children_cpu)
+    return ticks / S.CLK_TCK + (children_cpu_s() - children_cpu)
 
 
 class Budget:
@@ -333,13 +334,16 @@ class Output:
             self.kept[fd] += len(data)
         return True
 
-    def reply(self, flags, code, duration, out_r, err_r):
-        """Answer the host with the result and this output."""
-        if self.files:
-            reply_files(K_RESULT, flags, code, duration, (self.files[out_r], self.kept[out_r]),
-                        (self.files[err_r], self.kept[err_r]))
-        else:
-            reply(K_RESULT, flags, code, duration, b"".join(self.chunks[out_r]), b"".join(self.chunks[err_r]))
+    def send(self, flags, code, duration, out_r, err_r):
+        """Answer the host with the result and this output; then close the memfds."""
+        try:
+            if self.files:
+                reply_files(K_RESULT, flags, code, duration, (self.files[out_r], self.kept[out_r]),
+                            (self.files[err_r], self.kept[err_r]))
+            else:
+                reply(K_RESULT, flags, code, duration, b"".join(self.chunks[out_r]), b"".join(self.chunks[err_r]))
+        finally:
+            self.close()
 
     def ends_with_memory_error(self, err_r):
         """Whether stderr's last line is a ``MemoryError`` (read into a scrubbed buffer)."""

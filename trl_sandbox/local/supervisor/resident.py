@@ -37,8 +37,8 @@ import time
 
 from . import kernel
 from . import state as S
-from .child import apply_limits, exit_status
-from .protocol import F_TIMED_OUT, F_TRUNCATED, F_WALL, K_ERROR, reply
+from .child import apply_limits, exit_status, oom_first
+from .protocol import K_ERROR, reply
 
 ENABLED = True  # the configuration's "resident_judge"
 PID = None  # the judge's pid, while one runs
@@ -97,7 +97,7 @@ def start(main):
 def do_exec(main, stdin_fd, timeout, cwd):
     """Run one judged program: fork the candidate, hand the exec to the judge, wait for both.
     Returns None in PID 1, and a job in a forked child."""
-    from .forkserver import Budget, exit_code_of, sweep
+    from .forkserver import Budget, children_cpu_s, outcome, sweep
 
     if PID is None:
         job = start(main)
@@ -110,7 +110,7 @@ def do_exec(main, stdin_fd, timeout, cwd):
     judge_ticks = cpu_ticks()
     for hook in S.PRE_FORK:
         hook()
-    children_cpu = _children_cpu()
+    children_cpu = children_cpu_s()
     start_time = time.monotonic()
     pid = os.fork()
     if pid == 0:
@@ -138,24 +138,11 @@ def do_exec(main, stdin_fd, timeout, cwd):
     budget = Budget(start_time, timeout, children_cpu, judge_ticks / S.CLK_TCK)
     status, timed_out, out, killed = wait(pid, budget, out_r, err_r)
     duration = time.monotonic() - start_time
-    flags = F_TRUNCATED if out.truncated else 0
-    if timed_out:
-        flags |= F_TIMED_OUT | (F_WALL if budget.wall_hit else 0)
-        exit_code = -signal.SIGKILL
-    else:
-        exit_code = exit_code_of(status)
+    flags, exit_code = outcome(status, timed_out, budget, out)
     if killed or PID is None or leftovers():
         sweep()
-    try:
-        out.reply(flags, exit_code, duration, out_r, err_r)
-    finally:
-        out.close()
+    out.send(flags, exit_code, duration, out_r, err_r)
     return None
-
-
-def _children_cpu():
-    t = os.times()
-    return t.children_user + t.children_system
 
 
 def wait(pid, budget, out_r, err_r):
@@ -260,22 +247,11 @@ def _become_python():
     gc.enable()
 
 
-def _oom_first():
-    try:
-        fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
-        try:
-            os.write(fd, b"1000")
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
-
-
 def run_candidate(job):
     """The candidate process: the program's limits and clean kernel, then ``_serve_candidate``."""
     _, main, req_r, resp_w, err_w, cwd = job
     os.setpgid(0, 0)
-    _oom_first()
+    oom_first()
     top = S.FD_LIMIT - 1
     for i, fd in enumerate((req_r, resp_w, err_w)):
         os.dup2(fd, top - i)
@@ -303,7 +279,7 @@ def run_resident(job):
     _, main, sock = job
     os.setsid()
     os.chdir("/")
-    _oom_first()
+    oom_first()
     fd = sock.detach()
     if fd != 3:
         os.dup2(fd, 3)
