@@ -110,3 +110,45 @@ def test_a_program_cannot_find_an_earlier_programs_output_in_its_memory():
     assert printed_by_candidate.startswith(b"CANDIDATE-"), printed_by_candidate
     # 0-3: the outputs, the verdict's nonce, the candidate's prints; 4: the -c source (the control).
     assert result.stdout.split() == ["4"], f"found in memory: {result.stdout}"
+
+
+def test_a_program_cannot_find_an_earlier_leases_files_in_its_memory():
+    async def scenario():
+        provider = LocalProvider()
+        sandbox = await provider.create(SandboxSpec())
+        try:
+            # Files of some kilobytes: a copy of that size, once in the supervisor's memory, stays
+            # there after it is freed (a copy of a few bytes is soon overwritten).
+            written = b"WRITTEN-SECRET-" + os.urandom(16).hex().encode()
+            await sandbox.write_file("solution.py", written * 500)
+            # A file a program made, which the host then reads.
+            await sandbox.exec(["python3", "-c", "import os\nopen('made.txt', 'wb').write(b'MADE-SECRET-' + "
+                                "os.urandom(16).hex().encode() * 500)"], timeout=10)
+            made = (await sandbox.read_file("made.txt"))[:44]
+            assert await sandbox.read_file("solution.py") == written * 500
+            # Control: a -c source run twice stays in the fork server's compile cache, and is found.
+            source = b"SOURCE-SECRET-" + os.urandom(16).hex().encode()
+            for _ in range(2):
+                await sandbox.exec(["python3", "-c", f"x = {source.decode()!r}"], timeout=10)
+            await sandbox.reset()
+            halves = [h.hex() for secret in (written, made, source) for h in (secret[:16], secret[16:])]
+            result = await sandbox.exec(["python3", "-c", SCAN, *halves], timeout=30)
+            # The channel stays in step after a write the supervisor refuses (through a symlink a
+            # program left, out of the work directory), its contents still on the channel.
+            await sandbox.exec(["python3", "-c", "import os; os.symlink('/tmp/out', 'link')"], timeout=10)
+            refused = None
+            try:
+                await sandbox.write_file("link", b"x" * 100_000)
+            except OSError as exc:
+                refused = exc
+            assert refused is not None and "escapes the work directory" in str(refused), refused
+            after = await sandbox.exec(["python3", "-c", "print('still in step')"], timeout=10)
+            return result, made, after
+        finally:
+            await provider.aclose()
+
+    result, made, after = asyncio.run(scenario())
+    assert made.startswith(b"MADE-SECRET-") and after.stdout == "still in step\n", (made, after)
+    assert result.exit_code == 0, result.stderr
+    # 0: what the host wrote, 1: what it read back; 2: the -c source (the control).
+    assert result.stdout.split() == ["2"], f"found in memory: {result.stdout}"

@@ -217,11 +217,11 @@ class LocalSandbox:
             raise InfraError(f"sandbox {self.id} failed to start: unexpected answer {kind!r}")
         self.python_version = version.decode(errors="replace")
 
-    async def _simple(self, request: tuple, timeout: float = 60.0) -> tuple[int, int, bytes]:
+    async def _simple(self, request: tuple, timeout: float = 60.0, raw: bytes = b"") -> tuple[int, int, bytes]:
         async with self._lock:
             self._check()
             try:
-                kind, _, code, _, part1, _ = await self._call(request, timeout)
+                kind, _, code, _, part1, _ = await self._call(request, timeout, raw)
             except _Died as exc:
                 raise InfraError(f"sandbox {self.id} died: {exc}") from None
         if kind == _proto.K_ERROR:
@@ -312,7 +312,8 @@ class LocalSandbox:
     async def write_file(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
         if isinstance(data, str):
             data = data.encode()
-        await self._simple((_proto.OP_WRITE, self._path(path), bytes(data), int(mode)))
+        data = bytes(data)  # the contents travel as a raw frame after the request
+        await self._simple((_proto.OP_WRITE, self._path(path), len(data), int(mode)), raw=data)
 
     async def read_file(self, path: str) -> bytes:
         _, _, data = await self._simple((_proto.OP_READ, self._path(path)))

@@ -36,6 +36,7 @@ def startup():
     protocol.CTL_IN, protocol.CTL_OUT = os.dup(0), os.dup(1)  # dup(): non-inheritable across execve
     S.DEVNULL = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
     S.SPLICE = splice_works()
+    protocol.DROP[0] = S.DEVNULL
     os.dup2(S.DEVNULL, 0)
     os.dup2(S.DEVNULL, 1)
     # Bound our own descriptor numbers so that a child closes all of them with one closerange().

@@ -5,7 +5,8 @@ Protocol (integers little-endian):
 * host -> supervisor: ``u32 length`` + ``marshal`` dump (version 4) of a tuple whose first item
   is an opcode: ``(CONFIG, dict)`` once, first; ``(EXEC, argv, stdin_len, timeout_s, cwd|None,
   env|None)`` followed by ``stdin_len`` raw bytes of stdin (spliced straight into a memfd, never
-  held in the supervisor's memory); ``(WRITE, path, data, mode)``; ``(READ, path)``;
+  held in the supervisor's memory); ``(WRITE, path, size, mode)`` followed by ``size`` raw bytes of the file's contents (spliced
+  into the file); ``(READ, path)``;
   ``(RESET,)``; ``(PING,)``.
 * supervisor -> host: a fixed 24-byte header ``kind:u8 flags:u8 pad:2 code:i32 duration:f64
   len1:u32 len2:u32`` followed by ``len1 + len2`` bytes. ``kind`` is ``K`` (ok; the first one,
@@ -88,17 +89,35 @@ def receive_stdin(n):
     memfd inside the kernel. Every program is forked from this process, so anything kept in
     its memory (a judge's nonce, a dataset's hidden tests) would be readable by the next one.
     """
-    global SCRUB
     fd = os.memfd_create("stdin", os.MFD_CLOEXEC)
+    try:
+        receive_raw(n, fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def receive_raw(n, fd):
+    """Move the next ``n`` raw bytes of the host channel into ``fd`` (a file, or /dev/null to drop
+    them), inside the kernel where it can (see ``receive_stdin``). Whatever ``fd`` refuses (a full
+    disk) is still taken off the channel, which must stay in step, and the error raised after."""
+    global SCRUB
     left = n
+    failure = None
     splice = getattr(os, "splice", None)
     while left > 0:
         moved = 0
+        target = fd if failure is None else DROP[0]
         if splice is not None:
             try:
-                moved = splice(CTL_IN, fd, left)
-            except OSError:
-                splice = None
+                moved = splice(CTL_IN, target, left)
+            except OSError as exc:
+                if target == fd and exc.errno not in (22, 95):  # EINVAL, EOPNOTSUPP: no splice here
+                    failure = exc
+                else:
+                    splice = None
                 continue
         else:
             if SCRUB is None:
@@ -106,16 +125,22 @@ def receive_stdin(n):
             view = memoryview(SCRUB)[: min(left, len(SCRUB))]
             try:
                 moved = os.readv(CTL_IN, [view])
-                write_all(fd, view[:moved])
+                if failure is None and moved > 0:
+                    try:
+                        write_all(fd, view[:moved])
+                    except OSError as exc:
+                        failure = exc
             finally:
                 view[:] = bytes(len(view))
                 view.release()
         if moved <= 0:
-            os.close(fd)
-            raise EOFError("the host channel ended inside a stdin frame")
+            raise EOFError("the host channel ended inside a raw frame")
         left -= moved
-    os.lseek(fd, 0, os.SEEK_SET)
-    return fd
+    if failure is not None:
+        raise failure
+
+
+DROP = [-1]  # /dev/null, where receive_raw drops what a failed write could not take (main.startup)
 
 
 def read_fd(fd):
