@@ -11,6 +11,8 @@ for the wire format, and nothing else.
 * ``kernel``: what makes every program start from a clean kernel: its own IPC namespace, no
   capabilities, a seccomp filter; and the fresh tmpfs mounts of every lease.
 * ``forkserver``: the exec path in the supervisor (plan, compile, fork, wait, sweep).
+* ``budget``: an exec's time budget (its process tree's CPU, the wall-clock backstop).
+* ``output``: an exec's output, from its pipes to the host without passing through memory.
 * ``child``: the exec path in the forked child (become the program).
 * ``resident``: the judge that stays resident across programs (one fork per judged program).
 * ``files``: the host's file operations and ``reset()``.

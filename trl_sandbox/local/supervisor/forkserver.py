@@ -24,19 +24,11 @@ import warnings
 
 from . import resident
 from . import state as S
+from .budget import Budget, children_cpu_s
 from .child import EXIT_NOT_FOUND
 from .files import read_regular
-from .protocol import (
-    F_OOM,
-    F_TIMED_OUT,
-    F_TRUNCATED,
-    F_WALL,
-    K_RESULT,
-    read_fd,
-    receive_stdin,
-    reply,
-    reply_files,
-)
+from .output import Output
+from .protocol import F_OOM, F_TIMED_OUT, F_TRUNCATED, F_WALL, K_RESULT, read_fd, receive_stdin, reply
 
 # Single-letter interpreter flags that a forked interpreter can honour (or that make no difference
 # to one that is already running). Any other flag (-m, -O, -W, -X, ...) runs the real interpreter.
@@ -226,10 +218,6 @@ def outcome(status, timed_out, budget, out):
     return flags, exit_code
 
 
-def last_line(data):
-    return data.rstrip().rsplit(b"\n", 1)[-1]
-
-
 def exit_code_of(status):
     """0-255 for an exit, minus the signal number for a death by signal (as subprocess does)."""
     if os.WIFSIGNALED(status):
@@ -237,133 +225,6 @@ def exit_code_of(status):
     if os.WIFEXITED(status):
         return os.WEXITSTATUS(status)
     return -1
-
-
-def children_cpu_s():
-    """CPU seconds of every process this supervisor has reaped so far."""
-    t = os.times()
-    return t.children_user + t.children_system
-
-
-def tree_cpu(children_cpu):
-    """CPU seconds used since the exec began by every process of the sandbox but PID 1: the live
-    ones and zombies from /proc (their own time and that of the children they reaped), the ones PID 1
-    reaped from its children's times. Setsid, double-forked and daemonised processes all count."""
-    ticks = 0
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or name == "1":
-            continue
-        try:
-            with open("/proc/" + name + "/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-            ticks += int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
-        except (OSError, IndexError, ValueError):
-            continue  # it exited meanwhile (its time is now its reaper's)
-    return ticks / S.CLK_TCK + (children_cpu_s() - children_cpu)
-
-
-class Budget:
-    """When an exec has run out of time. With ``time_budget="cpu"`` its timeout is CPU time of its
-    process tree: a program that only waited for a core (other sandboxes were busy) is not out of
-    time; the tree's CPU is read only when it could first have used the budget up, so a program
-    that ends sooner costs nothing. The wall clock ends what sleeps or blocks, at the backstop."""
-
-    def __init__(self, start, timeout, children_cpu, offset=0.0):
-        self.cpu = S.TIME_BUDGET == "cpu"
-        self.timeout = timeout
-        self.children_cpu = children_cpu
-        self.offset = offset  # CPU seconds of a process that was there before (a resident judge)
-        self.wall_deadline = start + (S.WALL_FACTOR * timeout + S.WALL_MARGIN_S if self.cpu else timeout)
-        self.next_check = start + timeout if self.cpu else self.wall_deadline
-        self.wall_hit = False
-
-    def wait_s(self, now):
-        """Seconds to wait before looking again, or None when the time is up."""
-        if now >= self.wall_deadline:
-            self.wall_hit = self.cpu
-            return None
-        if now >= self.next_check:
-            left = self.timeout - (tree_cpu(self.children_cpu) - self.offset)
-            if left <= 0:
-                return None
-            self.next_check = now + max(0.005, left)
-        return min(self.next_check, self.wall_deadline) - now
-
-
-class Output:
-    """An exec's stdout and stderr, read as they come. Output beyond the cap is read and dropped,
-    so that a writer never blocks on a full pipe.
-
-    Where the kernel can (``os.splice``, Python 3.10+), the bytes go from the pipes into memfds and
-    from there to the host without ever being in this process's memory: every later program is
-    forked from it, and would find an earlier program's output (a candidate's prints, a verdict)
-    in the memory it inherits."""
-
-    def __init__(self, out_r, err_r):
-        self.kept = {out_r: 0, err_r: 0}
-        self.open = 2
-        self.truncated = False
-        self.files = {}
-        self.chunks = {out_r: [], err_r: []}
-        if S.SPLICE:
-            for fd in (out_r, err_r):
-                self.files[fd] = os.memfd_create("output", os.MFD_CLOEXEC)
-
-    def read(self, fd):
-        """Take what ``fd`` has; False at its end."""
-        room = S.OUTPUT_CAP - self.kept[fd]
-        if fd in self.files:
-            if room > 0:
-                moved = os.splice(fd, self.files[fd], min(room, 1 << 16))
-                self.kept[fd] += moved
-            else:
-                moved = os.splice(fd, S.DEVNULL, 1 << 16)
-                self.truncated = self.truncated or moved > 0
-            if not moved:
-                self.open -= 1
-            return bool(moved)
-        data = os.read(fd, 65536)
-        if not data:
-            self.open -= 1
-            return False
-        if len(data) > room:
-            self.truncated = True
-            data = data[:room] if room > 0 else b""
-        if data:
-            self.chunks[fd].append(data)
-            self.kept[fd] += len(data)
-        return True
-
-    def send(self, flags, code, duration, out_r, err_r):
-        """Answer the host with the result and this output; then close the memfds."""
-        try:
-            if self.files:
-                reply_files(K_RESULT, flags, code, duration, (self.files[out_r], self.kept[out_r]),
-                            (self.files[err_r], self.kept[err_r]))
-            else:
-                reply(K_RESULT, flags, code, duration, b"".join(self.chunks[out_r]), b"".join(self.chunks[err_r]))
-        finally:
-            self.close()
-
-    def ends_with_memory_error(self, err_r):
-        """Whether stderr's last line is a ``MemoryError`` (read into a scrubbed buffer)."""
-        if err_r not in self.files:
-            return last_line(b"".join(self.chunks[err_r])).startswith(b"MemoryError")
-        size = self.kept[err_r]
-        tail = bytearray(min(size, 256))
-        try:
-            os.preadv(self.files[err_r], [tail], size - len(tail))
-            end = len(tail)  # no slice of it: each would be a copy left behind in memory
-            while end and tail[end - 1] in b" \t\r\n":
-                end -= 1
-            return tail.startswith(b"MemoryError", tail.rfind(b"\n", 0, end) + 1)
-        finally:
-            tail[:] = bytes(len(tail))
-
-    def close(self):
-        for fd in self.files.values():
-            os.close(fd)
-        self.files = {}
 
 
 def wait_child(pid, budget, out_r, err_r):

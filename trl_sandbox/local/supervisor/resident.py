@@ -37,7 +37,9 @@ import time
 
 from . import kernel
 from . import state as S
+from .budget import Budget, children_cpu_s
 from .child import apply_limits, exit_status, oom_first
+from .output import Output
 from .protocol import K_ERROR, reply
 
 ENABLED = True  # the configuration's "resident_judge"
@@ -97,7 +99,7 @@ def start(main):
 def do_exec(main, stdin_fd, timeout, cwd):
     """Run one judged program: fork the candidate, hand the exec to the judge, wait for both.
     Returns None in PID 1, and a job in a forked child."""
-    from .forkserver import Budget, children_cpu_s, outcome, sweep
+    from .forkserver import outcome, sweep
 
     if PID is None:
         job = start(main)
@@ -149,7 +151,7 @@ def wait(pid, budget, out_r, err_r):
     """Collect output until the judge has answered, the candidate has exited and the pipes are
     closed, or the time is up. Returns ``(status, timed_out, output, killed)``; ``status`` is the
     judge's (a wait status: its exit code, or how it died); ``killed``: everything was killed."""
-    from .forkserver import Output, kill_all
+    from .forkserver import kill_all
 
     candidate = os.pidfd_open(pid)
     poller = select.poll()

@@ -1,0 +1,61 @@
+"""An exec's time budget: how much CPU its processes have used, and when its time is up.
+
+With ``time_budget="cpu"`` an exec's timeout is CPU time of its whole process tree, however
+detached (a program that only waited for a core, because other sandboxes were busy, is not out of
+time); the wall clock only ends what sleeps or blocks. ``"wall"``: the timeout is wall-clock time.
+"""
+
+import os
+
+from . import state as S
+
+
+def children_cpu_s():
+    """CPU seconds of every process this supervisor has reaped so far."""
+    t = os.times()
+    return t.children_user + t.children_system
+
+
+def tree_cpu(children_cpu):
+    """CPU seconds used since the exec began by every process of the sandbox but PID 1: the live
+    ones and zombies from /proc (their own time and that of the children they reaped), the ones PID 1
+    reaped from its children's times. Setsid, double-forked and daemonised processes all count."""
+    ticks = 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or name == "1":
+            continue
+        try:
+            with open("/proc/" + name + "/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
+        except (OSError, IndexError, ValueError):
+            continue  # it exited meanwhile (its time is now its reaper's)
+    return ticks / S.CLK_TCK + (children_cpu_s() - children_cpu)
+
+
+class Budget:
+    """When an exec has run out of time. With ``time_budget="cpu"`` its timeout is CPU time of its
+    process tree: a program that only waited for a core (other sandboxes were busy) is not out of
+    time; the tree's CPU is read only when it could first have used the budget up, so a program
+    that ends sooner costs nothing. The wall clock ends what sleeps or blocks, at the backstop."""
+
+    def __init__(self, start, timeout, children_cpu, offset=0.0):
+        self.cpu = S.TIME_BUDGET == "cpu"
+        self.timeout = timeout
+        self.children_cpu = children_cpu
+        self.offset = offset  # CPU seconds of a process that was there before (a resident judge)
+        self.wall_deadline = start + (S.WALL_FACTOR * timeout + S.WALL_MARGIN_S if self.cpu else timeout)
+        self.next_check = start + timeout if self.cpu else self.wall_deadline
+        self.wall_hit = False
+
+    def wait_s(self, now):
+        """Seconds to wait before looking again, or None when the time is up."""
+        if now >= self.wall_deadline:
+            self.wall_hit = self.cpu
+            return None
+        if now >= self.next_check:
+            left = self.timeout - (tree_cpu(self.children_cpu) - self.offset)
+            if left <= 0:
+                return None
+            self.next_check = now + max(0.005, left)
+        return min(self.next_check, self.wall_deadline) - now
