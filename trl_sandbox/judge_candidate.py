@@ -1,9 +1,9 @@
 # ruff: noqa: UP031  (runs on the sandbox's Python, 3.8+: plain %-formatting on purpose)
 """The candidate process's half of the judge: the first part of the judge's source.
 
-``trl_sandbox.judge.JUDGE_SOURCE`` is this file's text followed by ``judge_program.py``'s, run as
-``python3 -I -c SOURCE`` in the sandbox (standard library only, Python 3.8+); see ``judge_program.py``
-for the protocol. Here: reading and writing framed messages, forking the candidate process, and
+``trl_sandbox.judge.JUDGE_SOURCE`` is this file's text followed by ``judge_clock.py``'s,
+``judge_conn.py``'s and ``judge_program.py``'s, run as ``python3 -I -c SOURCE`` in the sandbox
+(standard library only, Python 3.8+); see ``judge_program.py`` for the protocol. Here: reading and writing framed messages, forking the candidate process, and
 what runs in it: the run-time ban layer (banned builtins gone from its namespace and from
 ``builtins``, banned methods deleted from the builtin classes, imports limited), the candidate's
 code, and the loop that serves call requests and sends back results as plain data.

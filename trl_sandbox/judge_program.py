@@ -1,7 +1,8 @@
 # ruff: noqa: UP031  (runs on the sandbox's Python, 3.8+: plain %-formatting on purpose)
 """The judge: runs inside the sandbox as ``python3 -I -c SOURCE``; SOURCE is the text of
-``judge_candidate.py`` (the candidate process's half) and ``judge_clock.py`` (the candidate's time
-budget) followed by this file's (the judge's half).
+``judge_candidate.py`` (the candidate process's half), ``judge_clock.py`` (the candidate's time
+budget) and ``judge_conn.py`` (the judge's side of the conversation) followed by this file's (the
+judge's half: the tests, the verdict).
 
 Standard library only, Python 3.8+. The source is sent byte-identical for every execution (a
 sandbox may cache its compiled form); everything that changes per execution comes on stdin:
@@ -12,7 +13,8 @@ sandbox may cache its compiled form); everything that changes per execution come
 
 The host side is ``trl_sandbox.judge``. The judge makes itself non-dumpable (so that the candidate
 cannot read its memory or its file descriptors through /proc or ptrace), forks the candidate
-process, and talks to it over a pipe pair. The candidate process first zeroes its copy of the
+process (where the judge stays resident across programs, the local sandbox's fork server has
+forked it; see ``_ATTACH``), and talks to it over a pipe pair. The candidate process first zeroes its copy of the
 nonce, closes stdin and the real stdout (its prints go to stderr), drops the task's banned
 builtins, execs the candidate source and then serves call requests. Everything it sends back is
 decoded with an unpickler that refuses every class but three exact value types, so only plain
@@ -36,10 +38,7 @@ Modes (from the judge part):
 import _json
 import _pickle
 import binascii
-import io
 import os
-import select
-import sys
 import time
 
 if "_start_candidate" not in globals():
@@ -56,6 +55,7 @@ if "_start_candidate" not in globals():
         _write_all,
     )
     from trl_sandbox.judge_clock import _Clock
+    from trl_sandbox.judge_conn import CandidateError, _Conn, _Dead, _Proxy
 
 # Set where the judge stays resident across programs (the local sandbox's): the candidate process
 # is already forked (see ``_serve_candidate``); this sends it its part of the payload and returns
@@ -64,210 +64,6 @@ _ATTACH = None
 
 MARKER = b"@@trl-sandbox-verdict@@"
 VERSION = 1
-class _Timeout(BaseException):
-    """The time budget ran out (BaseException: test code's ``except Exception`` cannot swallow it)."""
-
-
-class _Exited(BaseException):
-    """The candidate process is gone (exited, killed, or closed its pipe)."""
-
-
-class _Protocol(BaseException):
-    """The candidate process sent something that is not a valid message."""
-
-
-class CandidateError(Exception):
-    """An exception raised by the candidate's code (``kind`` "raise"), or a result that is not plain
-    data (``kind`` "not_plain"), re-raised in the judge's test code with the same text."""
-
-    def __init__(self, type_name, message, kind="raise"):
-        Exception.__init__(self, message)
-        self.type_name = type_name
-        self.kind = kind
-
-
-class _NotPlain(Exception):
-    pass
-
-
-# The only classes a result may name: exact numeric value types whose constructors have no effects.
-_VALUE_CLASSES = {("builtins", "complex"), ("fractions", "Fraction"), ("decimal", "Decimal")}
-
-
-class _PlainUnpickler(_pickle.Unpickler):
-    """Refuses every class but ``_VALUE_CLASSES`` and every persistent id: only plain data decodes."""
-
-    def find_class(self, module, name):
-        if (module, name) in _VALUE_CLASSES:
-            return getattr(sys.modules[module], name)  # imported up front (judge_candidate.py)
-        raise _NotPlain("%s.%s" % (module, name))
-
-    def persistent_load(self, pid):
-        raise _NotPlain("persistent id")
-
-
-# -- the judge's side of the conversation --------------------------------------------------------------
-
-
-class _Conn:
-    """The judge's end of the pipe pair. After the first timeout, exit or protocol error the
-    candidate is unusable: ``failure`` records what happened and every later call raises."""
-
-    def __init__(self, pid, wfd, rfd, clock, max_bytes):
-        self.pid = pid
-        self.wfd = wfd
-        self.rfd = rfd
-        self.clock = clock
-        self.max_bytes = max_bytes
-        self.seq = 0
-        self.failure = None
-        os.set_blocking(wfd, False)
-
-    @staticmethod
-    def loads(data):
-        """Decode plain data only: every class lookup raises."""
-        return _PlainUnpickler(io.BytesIO(data)).load()
-
-    def _fail(self, exc):
-        if self.failure is None:
-            if isinstance(exc, _Timeout):
-                self.failure = {"ok": False, "kind": "timeout", "message": "timed out"}
-            elif isinstance(exc, _Protocol):
-                self.failure = {"ok": False, "kind": "protocol", "message": "protocol error: " + _exc_text(exc)}
-                self.kill()
-            else:
-                self.failure = {"ok": False, "kind": "exited", "message": self._exit_description()}
-        raise _Dead()
-
-    def _remaining(self):
-        left = self.clock.wait_s(self.pid)
-        if left is None:
-            raise _Timeout()
-        return left
-
-    def _read(self, n):
-        chunks = []
-        while n > 0:
-            ready, _, _ = select.select([self.rfd], [], [], self._remaining())
-            if not ready:
-                continue  # the budget is looked at again (and raises when it is spent)
-            chunk = os.read(self.rfd, min(n, 1 << 20))
-            if not chunk:
-                raise _Exited()
-            chunks.append(chunk)
-            n -= len(chunk)
-        return b"".join(chunks)
-
-    def _write(self, data):
-        view = memoryview(data)
-        while view:
-            try:  # the pipe is empty between calls: a request usually goes in one write, at once
-                written = os.write(self.wfd, view)
-            except BlockingIOError:
-                _, ready, _ = select.select([], [self.wfd], [], self._remaining())
-                continue
-            except OSError:
-                raise _Exited() from None
-            view = view[written:]
-
-    def recv(self):
-        """The next message (a tuple of plain data whose first item is a str)."""
-        if self.failure is not None:
-            raise _Dead()
-        try:
-            size = int.from_bytes(self._read(4), "big")
-            if size > self.max_bytes:
-                raise _Protocol("a message of %d bytes is over the limit of %d" % (size, self.max_bytes))
-            data = self._read(size)
-            try:
-                message = self.loads(data)
-            except _NotPlain as exc:
-                raise _Protocol("a message that is not plain data (%s)" % exc) from None
-            except Exception as exc:
-                raise _Protocol("an undecodable message (%s)" % type(exc).__name__) from None
-            if type(message) is not tuple or not message or type(message[0]) is not str:
-                raise _Protocol("a malformed message")
-            return message
-        except (_Timeout, _Exited, _Protocol) as exc:
-            self._fail(exc)
-
-    def call_raw(self, name, args, kwargs):
-        """One call: the candidate's reply, ``("ok", seq, pickle)`` or ``(kind, seq, type, text)``."""
-        if self.failure is not None:
-            raise _Dead()
-        self.seq += 1
-        data = _pickle.dumps((self.seq, name, args, kwargs), protocol=4)
-        try:
-            self._write(len(data).to_bytes(4, "big") + data)
-        except (_Timeout, _Exited) as exc:
-            self._fail(exc)
-        reply = self.recv()
-        try:
-            if reply[1] != self.seq:
-                raise _Protocol("a reply out of sequence")
-            if reply[0] == "ok" and len(reply) == 3 and type(reply[2]) is bytes:
-                return reply
-            if reply[0] in ("raise", "not_plain") and len(reply) == 4:
-                return (reply[0], reply[1], str(reply[2])[:200], str(reply[3])[:_MAX_TEXT])
-            raise _Protocol("a malformed reply")
-        except _Protocol as exc:
-            self._fail(exc)
-        except Exception:
-            self._fail(_Protocol("a malformed reply"))
-
-    def call(self, name, args, kwargs):
-        """One call from test code: the plain result, or the candidate's exception re-raised."""
-        reply = self.call_raw(name, args, kwargs)
-        if reply[0] == "ok":
-            try:
-                return self.loads(reply[2])
-            except _NotPlain as exc:
-                raise CandidateError("TypeError", "result is not plain data (%s)" % exc, "not_plain") from None
-            except Exception as exc:
-                raise CandidateError("TypeError", "undecodable result (%s)" % type(exc).__name__, "not_plain") from None
-        raise CandidateError(reply[2], reply[3], reply[0])
-
-    def kill(self):
-        try:
-            os.kill(self.pid, 9)
-        except OSError:
-            pass
-
-    def _exit_description(self):
-        for _ in range(100):
-            try:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
-            except OSError:
-                return "the candidate process is gone"
-            if pid:
-                if os.WIFEXITED(status):
-                    return "the candidate process exited with status %d" % os.WEXITSTATUS(status)
-                if os.WIFSIGNALED(status):
-                    return "the candidate process was killed by signal %d" % os.WTERMSIG(status)
-                return "the candidate process stopped"
-            time.sleep(0.0005)
-        return "the candidate process closed its pipe"
-
-
-class _Dead(BaseException):
-    """Raised by every call once the candidate is unusable (see ``_Conn.failure``)."""
-
-
-class _Proxy:
-    """Stands in for a candidate function inside the judge's test code."""
-
-    def __init__(self, conn, name):
-        self._conn = conn
-        self.__name__ = name
-        self.__qualname__ = name
-
-    def __call__(self, *args, **kwargs):
-        return self._conn.call(self.__name__, args, kwargs)
-
-    def __repr__(self):
-        return "<candidate function %s>" % self.__name__
-
-
 # -- modes ------------------------------------------------------------------------------------------
 
 _NOT_RUN = {"ok": False, "kind": "not_run", "message": "not run"}
