@@ -9,9 +9,9 @@ import pytest
 
 from trl_sandbox import load_tasks
 from trl_sandbox.builtin_tasks import SOLUTIONS, TASKS, BuiltinTasks
-from trl_sandbox.generic_task import _kadane, compute_inputs
 from trl_sandbox.pool import SandboxPool
 from trl_sandbox.scoring import Scorer
+from trl_sandbox.task_call import _kadane, compute_inputs
 
 from .task_helpers import judge_pool, score
 

@@ -195,3 +195,17 @@ def test_the_host_decodes_only_plain_data_and_exact_value_types():
     # A hand-written pickle that calls os.system: refused before anything runs.
     with pytest.raises(NotPlainData, match="system"):
         plain_loads(b"cos\nsystem\n(S'true'\ntR.")
+
+
+def test_a_prose_prompt_that_parses_is_not_run_ahead_of_the_answer(pool):
+    tests = ["assert fibonacci(1) == 1", "assert fibonacci(10) == 55"]
+    answer = "```python\ndef fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n```"
+    # One-word and expression-like prompts parse as Python, but they are prose: a correct answer passes.
+    prose = ["fibonacci", "fibonacci(n)", "fibonacci numbers, please"]
+    outcomes = Scorer(pool, cache_size=0).score([answer] * len(prose), [{"prompt": p, "test_list": tests} for p in prose])
+    assert [o.status for o in outcomes] == ["passed"] * len(prose), outcomes
+    # Control: a prompt that is code (an import, a helper the tests use) still runs ahead of it.
+    code_prompt = "import math\n\nROOT = 5\n\ndef golden():\n    \"\"\"The golden ratio.\"\"\"\n    return (1 + math.sqrt(ROOT)) / 2\n"
+    row = {"prompt": code_prompt, "test_list": tests + ["assert round(golden(), 3) == 1.618"]}
+    (outcome,) = Scorer(pool, cache_size=0).score([answer], [row])
+    assert (outcome.status, outcome.passed) == ("passed", 3), outcome

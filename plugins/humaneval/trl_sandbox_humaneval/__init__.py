@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from trl_sandbox import hookimpl
-from trl_sandbox.generic_task import _check_task, build_check, run_self_check
+from trl_sandbox.generic_task import run_self_check
 from trl_sandbox.judge import check_outcome
 from trl_sandbox.sandbox import ConfigError, ExecResult
+from trl_sandbox.task_check import _check_task, build_check
 from trl_sandbox.tasks import Outcome, Program
 
 __all__ = ["HumanEvalTasks", "human_eval_harness", "problems"]
