@@ -168,6 +168,7 @@ def wait(pid, budget, out_r, err_r):
                     timed_out = killed = True
                     kill_all()
                     if status is None:
+                        poller.unregister(SOCKET.fileno())  # _judge_died closes it
                         status = _judge_died()
                     if not candidate_done:
                         os.waitpid(pid, 0)
@@ -185,7 +186,8 @@ def wait(pid, budget, out_r, err_r):
                         candidate_done = True
                         poller.unregister(candidate)
                         if status is not None and out.open:
-                            killed = kill_all() or True  # whatever outlives both may hold the pipes
+                            kill_all()  # whatever outlives both may hold the pipes
+                            killed = True
                 elif status is None and fd == SOCKET.fileno():
                     poller.unregister(fd)
                     status = _judge_answer()
