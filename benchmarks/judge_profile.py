@@ -10,7 +10,9 @@ answer), the candidate processes (fork, set-up, loading the completion, serving 
 supervisor reaps them), the judge's marked phases and what is left of its CPU (receiving the exec
 and answering). Host side: building the program, sending it and reading the answer (the
 transport), and reading the verdict. The marks themselves cost a few microseconds each, so the
-phases add up to a little more than the uninstrumented judge.
+phases add up to a little more than the uninstrumented judge. Last, the page faults per program of
+the supervisor, the candidates and the judge: on a virtual machine a copy-on-write fault costs a
+few microseconds, and they are much of the sandbox's CPU.
 """
 
 from __future__ import annotations
@@ -108,6 +110,14 @@ def process_cpu(pid: int) -> tuple[float, float]:
     return (int(fields[11]) + int(fields[12])) / tick, (int(fields[13]) + int(fields[14])) / tick
 
 
+def process_faults(pid: int) -> tuple[int, int]:
+    """A process's page faults that needed no I/O, and those of the children it reaped. After a
+    fork every private page is shared copy-on-write: the first write to one, by the parent or by
+    the child, is such a fault (a page copy while the other still maps it)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[7]), int(fields[8])
+
+
 async def profile(count: int) -> dict:
     from trl_sandbox_humaneval import HumanEvalTasks, problems
 
@@ -131,6 +141,7 @@ async def profile(count: int) -> dict:
                 judge = int(children[0])
                 sup0, candidates0 = process_cpu(sup)
                 judge0 = process_cpu(judge)[0]
+                faults0 = process_faults(sup) + (process_faults(judge)[0],)
             row, completion = rows[i % len(rows)], completions[i % len(rows)]
             t0 = time.thread_time()
             program = tasks.build(completion, row)
@@ -151,6 +162,7 @@ async def profile(count: int) -> dict:
                 sums[label] = sums.get(label, 0.0) + value
         sup1, candidates1 = process_cpu(sup)
         judge1 = process_cpu(judge)[0]
+        faults1 = process_faults(sup) + (process_faults(judge)[0],)
     finally:
         await provider.destroy(box.id)
         await provider.aclose()
@@ -163,7 +175,9 @@ async def profile(count: int) -> dict:
     per.update({label: 1000 * total / count for label, total in host.items()})
     order = ("judge:", "candidate:", "supervisor:", "host:")
     per = dict(sorted(per.items(), key=lambda kv: next(i for i, p in enumerate(order) if kv[0].startswith(p))))
-    return {"programs": count, "passed": passed, "cpu_ms_per_program": per,
+    faults = {who: (after - before) / count for who, before, after in
+              zip(("supervisor", "candidate", "judge"), faults0, faults1)}
+    return {"programs": count, "passed": passed, "cpu_ms_per_program": per, "faults_per_program": faults,
             "sandbox_ms": sum(v for k, v in per.items() if not k.startswith("host")),
             "host_ms": sum(v for k, v in per.items() if k.startswith("host"))}
 
@@ -175,6 +189,9 @@ def print_profile(report: dict) -> None:
         print(f"  {label:<52} {ms:6.3f}")
     print(f"  {'sandbox, all of it':<52} {report['sandbox_ms']:6.3f}")
     print(f"  {'host, all of it':<52} {report['host_ms']:6.3f}")
+    faults = report["faults_per_program"]
+    print("page faults per program (copy-on-write, mostly): "
+          + ", ".join(f"{who} {n:.0f}" for who, n in faults.items()))
 
 
 def main() -> None:

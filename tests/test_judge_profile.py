@@ -29,3 +29,8 @@ def test_the_profile_runs_the_instrumented_judge_and_accounts_for_every_phase():
     assert per["candidate: fork and set-up, until its code runs"] > 0 and per[supervisor] >= 0
     candidate = sum(v for k, v in per.items() if k.startswith("candidate:"))
     assert report["sandbox_ms"] > candidate > per["candidate: fork and set-up, until its code runs"]
+    # Page faults per program, by process: a forked candidate always writes to some of the pages
+    # it shares with the fork server (its stack, at least).
+    faults = report["faults_per_program"]
+    assert set(faults) == {"supervisor", "candidate", "judge"}
+    assert faults["candidate"] > 0 and min(faults.values()) >= 0
