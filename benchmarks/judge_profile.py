@@ -5,13 +5,13 @@
 One local sandbox runs a copy of the judge with CPU marks added (``getrusage`` at each phase
 boundary; the copy is the sandbox's warm program, as the real judge is, and stays resident as the
 real one does) and the programs one at a time. Sandbox side, from the host's /proc: the
-supervisor's own CPU per exec (receive, fork the candidate, hand the exec to the judge, wait,
-answer), the candidate processes (fork, set-up, loading the completion, serving calls, exit; the
-supervisor reaps them), the judge's marked phases and what is left of its CPU (receiving the exec
+supervisor's own CPU per exec (receive, hand the exec to the forker and the judge, wait, answer),
+the forker's (fork the candidate, report, reap it), the candidate processes (fork, set-up, loading
+the completion, serving calls, exit; the forker reaps them), the judge's marked phases and what is left of its CPU (receiving the exec
 and answering). Host side: building the program, sending it and reading the answer (the
 transport), and reading the verdict. The marks themselves cost a few microseconds each, so the
 phases add up to a little more than the uninstrumented judge. Last, the page faults per program of
-the supervisor, the candidates and the judge: on a virtual machine a copy-on-write fault costs a
+the supervisor, the forker, the candidates and the judge: on a virtual machine a copy-on-write fault costs a
 few microseconds, and they are much of the sandbox's CPU.
 """
 
@@ -50,6 +50,8 @@ CANDIDATE_MARKS = [
     ("        exec(code, namespace)", "candidate: completion's module body run"),
 ]
 CANDIDATE_REST = "candidate: calls and exit"
+FORKER = "forker: receive, fork, report, reap"
+SUPERVISOR = "supervisor: request, hand over, wait, answer"
 PREAMBLE = (
     "import resource as _R\n"
     "_T = []\n"
@@ -110,6 +112,22 @@ def process_cpu(pid: int) -> tuple[float, float]:
     return (int(fields[11]) + int(fields[12])) / tick, (int(fields[13]) + int(fields[14])) / tick
 
 
+def resident_of(supervisor: int) -> tuple[int, int]:
+    """The sandbox's resident judge and candidates' forker, PID 1's two children between judged
+    programs: the forker keeps the supervisor's capabilities (its children need them), the judge
+    has none."""
+    children = [int(pid) for pid in Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text().split()]
+    assert len(children) == 2, f"expected a resident judge and a forker, found {children}"
+
+    def capabilities(pid: int) -> int:
+        status = Path(f"/proc/{pid}/status").read_text()
+        return int(next(line.split()[1] for line in status.splitlines() if line.startswith("CapEff:")), 16)
+
+    judge, forker = sorted(children, key=capabilities)
+    assert capabilities(judge) == 0 < capabilities(forker), children
+    return judge, forker
+
+
 def process_faults(pid: int) -> tuple[int, int]:
     """A process's page faults that needed no I/O, and those of the children it reaped. After a
     fork every private page is shared copy-on-write: the first write to one, by the parent or by
@@ -136,12 +154,9 @@ async def profile(count: int) -> dict:
         passed = 0
         for i in range(count + 1):  # the first starts the resident judge: not counted
             if i == 1:
-                children = Path(f"/proc/{sup}/task/{sup}/children").read_text().split()
-                assert len(children) == 1, f"expected one resident judge, found {children}"
-                judge = int(children[0])
-                sup0, candidates0 = process_cpu(sup)
-                judge0 = process_cpu(judge)[0]
-                faults0 = process_faults(sup) + (process_faults(judge)[0],)
+                judge, forker = resident_of(sup)
+                sup0, forker0, judge0 = process_cpu(sup)[0], process_cpu(forker), process_cpu(judge)[0]
+                faults0 = process_faults(sup)[:1] + process_faults(forker) + process_faults(judge)[:1]
             row, completion = rows[i % len(rows)], completions[i % len(rows)]
             t0 = time.thread_time()
             program = tasks.build(completion, row)
@@ -160,23 +175,23 @@ async def profile(count: int) -> dict:
                 host[label] += value
             for label, value in phases(result.stderr).items():
                 sums[label] = sums.get(label, 0.0) + value
-        sup1, candidates1 = process_cpu(sup)
-        judge1 = process_cpu(judge)[0]
-        faults1 = process_faults(sup) + (process_faults(judge)[0],)
+        sup1, forker1, judge1 = process_cpu(sup)[0], process_cpu(forker), process_cpu(judge)[0]
+        faults1 = process_faults(sup)[:1] + process_faults(forker) + process_faults(judge)[:1]
     finally:
         await provider.destroy(box.id)
         await provider.aclose()
     per = {label: 1000 * total / count for label, total in sums.items()}
     per["judge: receive the exec, answer, and what the marks miss"] = max(
         0.0, 1000 * (judge1 - judge0) / count - sum(v for k, v in per.items() if k.startswith("judge:")))
-    candidate_total = 1000 * (candidates1 - candidates0) / count
+    candidate_total = 1000 * (forker1[1] - forker0[1]) / count  # the forker reaps the candidates
     per[CANDIDATE_REST] = max(0.0, candidate_total - sum(v for k, v in per.items() if k.startswith("candidate:")))
-    per["supervisor: request, fork, hand over, wait, answer"] = 1000 * (sup1 - sup0) / count
+    per[FORKER] = 1000 * (forker1[0] - forker0[0]) / count
+    per[SUPERVISOR] = 1000 * (sup1 - sup0) / count
     per.update({label: 1000 * total / count for label, total in host.items()})
-    order = ("judge:", "candidate:", "supervisor:", "host:")
+    order = ("judge:", "candidate:", "forker:", "supervisor:", "host:")
     per = dict(sorted(per.items(), key=lambda kv: next(i for i, p in enumerate(order) if kv[0].startswith(p))))
     faults = {who: (after - before) / count for who, before, after in
-              zip(("supervisor", "candidate", "judge"), faults0, faults1)}
+              zip(("supervisor", "forker", "candidate", "judge"), faults0, faults1)}
     return {"programs": count, "passed": passed, "cpu_ms_per_program": per, "faults_per_program": faults,
             "sandbox_ms": sum(v for k, v in per.items() if not k.startswith("host")),
             "host_ms": sum(v for k, v in per.items() if k.startswith("host"))}

@@ -17,9 +17,9 @@ def test_the_profile_runs_the_instrumented_judge_and_accounts_for_every_phase():
     report = asyncio.run(judge_profile.profile(6))
     assert report["passed"] == report["programs"] == 6
     per = report["cpu_ms_per_program"]
-    supervisor = "supervisor: request, fork, hand over, wait, answer"
+    supervisor = judge_profile.SUPERVISOR
     expected = {label for _, label in judge_profile.MARKS + judge_profile.CANDIDATE_MARKS} | {
-        judge_profile.CANDIDATE_REST, supervisor, "host: build the program",
+        judge_profile.CANDIDATE_REST, supervisor, judge_profile.FORKER, "host: build the program",
         "host: send, wait, receive (transport)", "host: read the verdict and compare",
         "judge: receive the exec, answer, and what the marks miss",
     }
@@ -32,5 +32,5 @@ def test_the_profile_runs_the_instrumented_judge_and_accounts_for_every_phase():
     # Page faults per program, by process: a forked candidate always writes to some of the pages
     # it shares with the fork server (its stack, at least).
     faults = report["faults_per_program"]
-    assert set(faults) == {"supervisor", "candidate", "judge"}
+    assert set(faults) == {"supervisor", "forker", "candidate", "judge"}
     assert faults["candidate"] > 0 and min(faults.values()) >= 0

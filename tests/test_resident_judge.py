@@ -47,6 +47,22 @@ def others(box):
     return sorted(set(box.namespace_members()) - {box.supervisor_pid()})
 
 
+def resident(box):
+    """``(judge, forker)``: all there is in a sandbox between judged programs. The forker keeps
+    the supervisor's capabilities (its children need them for a clean kernel); the judge has none."""
+    procs = others(box)
+    assert len(procs) == 2, procs
+    judge = [pid for pid in procs if capabilities_of(pid) == 0]
+    assert len(judge) == 1, procs
+    (forker,) = set(procs) - set(judge)
+    return judge[0], forker
+
+
+def capabilities_of(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1], 16) for line in f if line.startswith("CapEff:"))
+
+
 def state_of(pid):
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()[0]
@@ -73,11 +89,10 @@ def box(host):
 
 def test_one_judge_serves_program_after_program(box):
     assert_square_passes(box)
-    judge = others(box)
-    assert len(judge) == 1, judge  # the judge, resident; the candidate is gone
+    both = resident(box)  # the judge and the candidates' forker, resident; the candidate is gone
     for _ in range(5):
         assert_square_passes(box)
-        assert others(box) == judge
+        assert resident(box) == both
     wrong, nonce = judged(box, "def f(x):\n    return x + x\n", SQUARE_TESTS)
     assert check_outcome(wrong, nonce, 2).status == "failed"
     # Control: with the resident judge switched off, every program has a judge of its own.
@@ -151,7 +166,7 @@ def f(x):
 
 def test_a_candidate_cannot_reach_the_resident_judge(box):
     assert_square_passes(box)
-    (judge,) = others(box)
+    both = resident(box)
     out = json.loads(returned(box, ATTACKS))
     # Control: the same calls on a process the candidate started itself work, but prlimit on
     # another process, which no program may do (test_local_kernel.py).
@@ -161,13 +176,14 @@ def test_a_candidate_cannot_reach_the_resident_judge(box):
         assert control[name] == "ok", (name, control)
     # pidfd_send_signal cannot tell its target from a descriptor: a candidate may not use it at all.
     assert control["pidfd_send_signal"] == "Operation not permitted", control
-    (hit,) = out["judge"].values()
-    assert [k for k, v in hit.items() if v == "ok"] == [], hit
+    assert len(out["judge"]) == 2, out["judge"]  # the candidate saw both, and could reach neither
+    for hit in out["judge"].values():  # the judge and the forker
+        assert [k for k, v in hit.items() if v == "ok"] == [], hit
     assert out["everyone"] != "ok" and out["group"] != "ok", out
-    # The judge is the same process, running (not stopped), and still judges right.
-    assert others(box) == [judge] and state_of(judge) in "RS", state_of(judge)
+    # The judge and the forker are the same processes, running (not stopped), and still judge right.
+    assert resident(box) == both and all(state_of(pid) in "RS" for pid in both), [state_of(p) for p in both]
     assert_square_passes(box)
-    assert others(box) == [judge]
+    assert resident(box) == both
     # Control: a plain program may use pidfd_send_signal.
     plain = box.py(ATTACKS + "\nchild = os.fork()\nif child == 0:\n    time.sleep(30)\n"
                    "print(json.dumps(attacks(child, signal.SIGKILL)['pidfd_send_signal']))")
@@ -190,12 +206,12 @@ def f(x):
 
 def test_what_a_candidate_leaves_behind_is_gone_with_its_exec(box):
     assert_square_passes(box)
-    (judge,) = others(box)
+    judge, _ = resident(box)
     assert returned(box, DAEMON) == 1
     # The daemon was killed, and with it the judge: the next judged program starts a fresh one.
     assert others(box) == []
     assert_square_passes(box)
-    (fresh,) = others(box)
+    fresh, _ = resident(box)
     assert fresh != judge
     # Control: the same daemon in a plain exec does start (the sweep after it is what ends it).
     r = box.py("import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(30)\nprint(len([p for p in os.listdir('/proc') if p.isdigit()]))")
@@ -237,7 +253,7 @@ def test_no_candidate_finds_what_the_judge_saw_of_earlier_programs(box):
     for _ in range(3):  # the judge has run this test three times, and holds it in its memory
         result, nonce = judged(box, SQUARE, SECRET_TESTS)
         assert check_outcome(result, nonce, 1).status == "passed"
-    assert len(others(box)) == 1
+    resident(box)
     secret_hits, control = returned(box, SCAN)
     assert control is True  # the scan finds what is in the candidate's memory
     assert secret_hits == 0
@@ -248,20 +264,20 @@ def test_no_candidate_finds_what_the_judge_saw_of_earlier_programs(box):
 
 def test_the_judge_outlives_a_reset_and_not_a_plain_exec(box):
     assert_square_passes(box)
-    (first,) = others(box)
+    first = resident(box)
     box.write("left.txt", "from the last lease")
     box.reset()  # a pool resets between leases: the judge stays, the scratch places are new
-    assert others(box) == [first]
+    assert resident(box) == first
     assert box.py("import os; print(os.listdir('.'))").stdout == "[]\n"
     assert others(box) == []  # a plain exec ends with a sweep: the judge goes with it
     assert_square_passes(box)
-    (second,) = others(box)
-    assert second != first
+    second = resident(box)
+    assert second[0] != first[0] and second[1] != first[1]
     # A candidate works in the fresh scratch place (the judge's own directory is /).
     files = returned(box, "import os\ndef f(x):\n    open('mine.txt', 'w').close()\n    return [os.getcwd(), os.listdir('.')]\n")
     assert files == ["/work", ["mine.txt"]], files
     box.reset()
-    assert others(box) == [second]
+    assert resident(box) == second
     assert returned(box, "import os\ndef f(x):\n    return os.listdir('.')\n") == []
 
 
@@ -276,7 +292,7 @@ def test_the_exec_budget_leaves_out_what_the_judge_spent_before(box):
     while spent < 2.0:
         result, nonce = judged(box, SQUARE, BURN_IN_JUDGE, limit_s=5.0)
         assert check_outcome(result, nonce, 1).status == "passed", result
-        (judge,) = others(box)
+        judge, _ = resident(box)
         with open(f"/proc/{judge}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
         spent = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -310,3 +326,42 @@ def test_each_candidate_has_a_fresh_ipc_namespace():
         # Control: inside one candidate, the segment it made is there.
         both = SHM.replace("def f(x):", "def g(x):") + "def f(x):\n    g(1)\n    return libc.shmget(0x5eed, 0, 0o600)\n"
         assert returned(b, both) >= 0
+
+
+KERNEL_STATE = r'''
+import json, os, resource
+def state():
+    status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines())
+    limits = {name: resource.getrlimit(getattr(resource, name))
+              for name in ("RLIMIT_CPU", "RLIMIT_AS", "RLIMIT_NOFILE", "RLIMIT_NPROC", "RLIMIT_FSIZE")}
+    return {
+        "caps": [status[k].strip() for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")],
+        "no_new_privs": status["NoNewPrivs"].strip(), "seccomp": status["Seccomp"].strip(),
+        "own_group": os.getpgrp() == os.getpid(), "oom_score_adj": open("/proc/self/oom_score_adj").read().strip(),
+        "ipc": os.readlink("/proc/self/ns/ipc"), "limits": limits, "fds": sorted(os.listdir("/proc/self/fd")),
+    }
+def f(x):
+    return json.dumps(dict(state(), parent=os.getppid()))
+'''
+
+
+def test_candidates_come_from_the_forker_with_the_clean_kernel_of_any_program():
+    """The forker, not PID 1, forks every candidate (so PID 1 shares no page with one), and what
+    the forker set up once for all of them leaves each with the clean kernel of any program."""
+    with local_host(memory_mode="cgroup") as h:
+        box = h.create()
+        first = json.loads(returned(box, KERNEL_STATE))
+        _, forker = resident(box)
+        second = json.loads(returned(box, KERNEL_STATE))
+        assert capabilities_of(forker) != 0  # it keeps what its children need for a clean kernel...
+        plain = json.loads(box.py(KERNEL_STATE + "import sys\nsys.stdout.write(f(0))").stdout)
+        assert first["parent"] == second["parent"] != 1  # the resident forker
+        assert plain["parent"] == 1  # (control: a plain program is PID 1's)
+        for candidate in (first, second):  # ...and they drop all of it, as any program does
+            assert candidate["caps"] == ["0000000000000000"] * 5, candidate
+            for key in ("caps", "no_new_privs", "seccomp", "own_group", "oom_score_adj", "limits"):
+                assert candidate[key] == plain[key], (key, candidate[key], plain[key])
+            # Only its request and response pipes beyond the standard three (the forker's socket
+            # is gone); /proc/self/fd lists the descriptor that lists it, too.
+            assert len(candidate["fds"]) == 6, candidate["fds"]
+        assert first["ipc"] != second["ipc"] != plain["ipc"]  # a fresh IPC namespace each

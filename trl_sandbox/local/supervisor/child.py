@@ -194,13 +194,13 @@ def run_child(job):
     # dropped: the hidden reference taken in main.configure() keeps the cache alive and
     # unreachable (frozen objects are not in gc.get_objects() either).
     S.CACHE = None
-    from . import resident  # it imports this module
+    from . import forker, resident  # they import this module
 
     try:
         if job[0] == "resident":
             resident.run_resident(job)
-        elif job[0] == "candidate":
-            resident.run_candidate(job)
+        elif job[0] == "forker":
+            forker.run_forker(job)
         elif job[0] is None:
             run_exec_child(job)
         else:

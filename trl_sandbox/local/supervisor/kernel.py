@@ -78,29 +78,31 @@ CLONE, CLONE3 = (56, 220), (435, 435)
 # space) and break the next program. Allowed on itself (pid 0, what setrlimit() sends) and to read.
 PRLIMIT64 = (302, 261)
 # The candidates of a judge that stays resident across programs (``resident``) get a filter that
-# keeps their hands off it (``protect``, its pid P): (system call numbers, argument, values refused).
-# Signals to P, to its process group or to -1 (everyone); scheduling, nice and I/O priority of P,
-# of its group or of every process of the user. pidfd_send_signal is refused outright (it also
-# takes a /proc/<pid> directory, which a filter cannot tell from another).
+# keeps their hands off it and off the process that forks them (``protect``, their pids P): (system
+# call numbers, argument, values refused). Signals to P, to its process group or to -1 (everyone);
+# scheduling, nice and I/O priority of P, of its group or of every process of the user.
+# pidfd_send_signal is refused outright (it also takes a /proc/<pid> directory, which a filter
+# cannot tell from another).
 EVERYONE = 0xFFFFFFFF
 
 
-def protect_rules(pid):
-    group = -pid & 0xFFFFFFFF
+def protect_rules(pids):
+    pids = tuple(pids)
+    targets = pids + tuple(-pid & 0xFFFFFFFF for pid in pids) + (EVERYONE,)
     return [
-        ((62, 129), 0, (pid, group, EVERYONE)),          # kill
-        ((129, 138), 0, (pid, group, EVERYONE)),         # rt_sigqueueinfo
-        ((200, 130), 0, (pid,)),                         # tkill
-        ((234, 131), 0, (pid,)),                         # tgkill
-        ((297, 240), 0, (pid,)),                         # rt_tgsigqueueinfo
+        ((62, 129), 0, targets),                         # kill
+        ((129, 138), 0, targets),                        # rt_sigqueueinfo
+        ((200, 130), 0, pids),                           # tkill
+        ((234, 131), 0, pids),                           # tgkill
+        ((297, 240), 0, pids),                           # rt_tgsigqueueinfo
         ((141, 140), 0, (2,)),                           # setpriority(PRIO_USER, ...)
-        ((141, 140), 1, (pid,)),                         # setpriority(PRIO_PROCESS or PRIO_PGRP, P)
+        ((141, 140), 1, pids),                           # setpriority(PRIO_PROCESS or PRIO_PGRP, P)
         ((251, 30), 0, (3,)),                            # ioprio_set(IOPRIO_WHO_USER, ...)
-        ((251, 30), 1, (pid,)),                          # ioprio_set(IOPRIO_WHO_PROCESS or _PGRP, P)
-        ((203, 122), 0, (pid,)),                         # sched_setaffinity
-        ((144, 119), 0, (pid,)),                         # sched_setscheduler
-        ((142, 118), 0, (pid,)),                         # sched_setparam
-        ((314, 274), 0, (pid,)),                         # sched_setattr
+        ((251, 30), 1, pids),                            # ioprio_set(IOPRIO_WHO_PROCESS or _PGRP, P)
+        ((203, 122), 0, pids),                           # sched_setaffinity
+        ((144, 119), 0, pids),                           # sched_setscheduler
+        ((142, 118), 0, pids),                           # sched_setparam
+        ((314, 274), 0, pids),                           # sched_setattr
     ]
 
 
@@ -125,7 +127,8 @@ def check(result, what):
 
 def seccomp_program(machine, memory_mode, protect=None):
     """The BPF program (bytes of ``struct sock_filter``) for this machine and memory mode; with
-    ``protect``, a pid that no signal from the filtered process may reach (a resident judge)."""
+    ``protect``, the pids that no signal from the filtered process may reach (a resident judge and
+    the candidates' forker)."""
     if machine not in ARCHES:
         raise OSError(EPERM, f"no seccomp filter for the architecture {machine!r} (x86_64 and aarch64 have one)")
     column, audit_arch = ARCHES[machine]
@@ -246,9 +249,10 @@ class Filter:
         self.ref = ctypes.byref(self.fprog)
 
 
-def protecting(pid):
-    """The filter of a program that no signal of its may reach ``pid`` (a resident judge)."""
-    return Filter(seccomp_program(os.uname().machine, PREPARED.memory_mode, protect=pid))
+def protecting(*pids):
+    """The filter of a program that no signal of its may reach ``pids`` (a resident judge, the
+    candidates' forker)."""
+    return Filter(seccomp_program(os.uname().machine, PREPARED.memory_mode, protect=pids))
 
 
 def enter_program(seccomp=None):

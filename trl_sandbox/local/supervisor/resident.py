@@ -7,19 +7,22 @@ process, and each program costs one fork: the candidate's.
 
 Who holds what, and why it is as safe as a fresh judge per program:
 
-* The candidate is forked from this fork server (PID 1), never from the judge: the judge's memory
-  holds the nonce and the tests of every program it judged, and a fork would hand all of that to
-  the next candidate. PID 1 never reads an exec's stdin, so it holds none of it. The candidate
-  gets its part of the payload from the judge over a pipe, after the fork, as before.
-* The candidate cannot reach the judge: the judge is non-dumpable (no /proc/<pid>/mem or fd, no
-  ptrace, which is denied anyway), in a session of its own (a candidate cannot join its process
-  group), and the candidate's seccomp filter refuses every signal to the judge's pid, to its group
-  and to -1 (``kernel.protecting``) and every ``prlimit64`` on another process. Only PID 1 may signal it.
-* Nothing of a program outlives its exec: PID 1 reaps the candidate and, if anything else is left
-  in the sandbox (a daemon the candidate started), kills every process but itself (the judge
-  included, which then starts afresh for the next judged program). An exec that runs out of time,
-  any other exec (its sweep kills everything) and any failure of the judge end the judge too. A
-  lease's reset does not: the judge holds nothing of the scratch places (its working directory is
+* The candidate is forked from a pristine copy of this fork server (the forker, ``forker.py``,
+  forked from PID 1 right after the judge, so that PID 1 shares no page with any candidate), never
+  from the judge: the judge's memory holds the nonce and the tests of every program it judged, and
+  a fork would hand all of that to the next candidate. Neither PID 1 nor the forker ever reads an
+  exec's stdin, so they hold none of it. The candidate gets its part of the payload from the judge
+  over a pipe, after the fork, as before.
+* The candidate cannot reach the judge nor the forker: both are non-dumpable (no /proc/<pid>/mem
+  or fd, no ptrace, which is denied anyway), each in a session of its own (a candidate cannot join
+  their process groups), and the candidate's seccomp filter refuses every signal to their pids, to
+  their groups and to -1 (``kernel.protecting``) and every ``prlimit64`` on another process. Only
+  PID 1 may signal them.
+* Nothing of a program outlives its exec: the forker reaps the candidate and, if anything else is
+  left in the sandbox (a daemon the candidate started), PID 1 kills every process but itself (the
+  judge and the forker included, which then start afresh for the next judged program). An exec
+  that runs out of time, any other exec (its sweep kills everything) and any failure of the judge
+  or the forker end both. A lease's reset does not: the judge holds nothing of the scratch places (its working directory is
   ``/``), and what it holds of earlier programs no program can reach.
 * The judge runs trusted code only (the task's setup and tests) and decodes what the candidate
   sends with the same bounded, class-refusing unpickler; it has no capabilities and the usual
@@ -35,7 +38,7 @@ import struct
 import sys
 import time
 
-from . import kernel
+from . import forker, kernel
 from . import state as S
 from .budget import Budget, children_cpu_s
 from .child import apply_limits, exit_status, oom_first
@@ -45,7 +48,6 @@ from .protocol import K_ERROR, reply
 ENABLED = True  # the configuration's "resident_judge"
 PID = None  # the judge's pid, while one runs
 SOCKET = None  # PID 1's end of the judge's socket
-FILTER = None  # the candidates' seccomp filter (it names the judge's pid)
 DONE = struct.Struct("<i")
 
 
@@ -63,11 +65,13 @@ def usable(code, env):
 
 
 def forget():
-    """The judge is gone (killed by a sweep, or exited): the next judged exec starts one."""
-    global PID, SOCKET, FILTER
+    """The judge is gone (killed by a sweep, or exited): the next judged exec starts one, and a
+    forker whose candidates' filter names it."""
+    global PID, SOCKET
     if SOCKET is not None:
         SOCKET.close()
-    PID = SOCKET = FILTER = None
+    PID = SOCKET = None
+    forker.forget()
 
 
 def cpu_ticks():
@@ -82,7 +86,7 @@ def cpu_ticks():
 
 def start(main):
     """Fork the judge. Returns None in PID 1, and the judge's job in the forked child."""
-    global PID, SOCKET, FILTER
+    global PID, SOCKET
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     for hook in S.PRE_FORK:
         hook()
@@ -92,70 +96,68 @@ def start(main):
         return ("resident", main, theirs)
     theirs.close()
     PID, SOCKET = pid, ours
-    FILTER = kernel.protecting(pid)
     return None
 
 
 def do_exec(main, stdin_fd, timeout, cwd):
-    """Run one judged program: fork the candidate, hand the exec to the judge, wait for both.
-    Returns None in PID 1, and a job in a forked child."""
+    """Run one judged program: have the forker fork the candidate, hand the exec to the judge,
+    wait for both. Returns None in PID 1, and a job in a forked child (the judge, the forker)."""
     from .forkserver import outcome, sweep
 
     if PID is None:
         job = start(main)
         if job is not None:
             return job
+    if forker.PID is None:
+        job = forker.start(main)
+        if job is not None:
+            return job
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     req_r, req_w = os.pipe()
     resp_r, resp_w = os.pipe()
-    judge_ticks = cpu_ticks()
-    for hook in S.PRE_FORK:
-        hook()
+    ticks_before = cpu_ticks() + forker.cpu_ticks()
     children_cpu = children_cpu_s()
     start_time = time.monotonic()
-    pid = os.fork()
-    if pid == 0:
-        return ("candidate", main, req_r, resp_w, err_w, cwd)
+    pid = forker.fork_candidate(cwd, [req_r, resp_w, err_w])
     for fd in (req_r, resp_w):
         os.close(fd)
-    try:
-        os.setpgid(pid, pid)
-    except OSError:
-        pass
-    try:
-        socket.send_fds(SOCKET, [DONE.pack(pid)], [stdin_fd, out_w, err_w, req_w, resp_r])
-        sent = True
-    except OSError:
-        sent = False
+    sent = False
+    if pid is not None:
+        try:
+            socket.send_fds(SOCKET, [DONE.pack(pid)], [stdin_fd, out_w, err_w, req_w, resp_r])
+            sent = True
+        except OSError:
+            pass
     for fd in (stdin_fd, out_w, err_w, req_w, resp_r):
         if fd != S.DEVNULL:
             os.close(fd)
-    if not sent:  # the judge is gone: nothing ran, the host may try again
+    if not sent:  # the judge or the forker is gone: nothing ran, the host may try again
         for fd in (out_r, err_r):
             os.close(fd)
         sweep()
-        reply(K_ERROR, part1=b"exec failed in the supervisor: the resident judge is gone")
+        reply(K_ERROR, part1=b"exec failed in the supervisor: the resident judge or its forker is gone")
         return None
-    budget = Budget(start_time, timeout, children_cpu, judge_ticks / S.CLK_TCK)
+    budget = Budget(start_time, timeout, children_cpu, ticks_before / S.CLK_TCK)
     status, timed_out, out, killed = wait(pid, budget, out_r, err_r)
     duration = time.monotonic() - start_time
     flags, exit_code = outcome(status, timed_out, budget, out)
-    if killed or PID is None or leftovers():
+    if killed or PID is None or forker.PID is None or leftovers():
         sweep()
     out.send(flags, exit_code, duration, out_r, err_r)
     return None
 
 
 def wait(pid, budget, out_r, err_r):
-    """Collect output until the judge has answered, the candidate has exited and the pipes are
-    closed, or the time is up. Returns ``(status, timed_out, output, killed)``; ``status`` is the
-    judge's (a wait status: its exit code, or how it died); ``killed``: everything was killed."""
+    """Collect output until the judge has answered, the forker has reaped the candidate and the
+    pipes are closed, or the time is up. Returns ``(status, timed_out, output, killed)``;
+    ``status`` is the judge's (a wait status: its exit code, or how it died); ``killed``: everything
+    was killed."""
     from .forkserver import kill_all
 
-    candidate = os.pidfd_open(pid)
+    reaper = forker.SOCKET.fileno()
     poller = select.poll()
-    for fd in (out_r, err_r, candidate, SOCKET.fileno()):
+    for fd in (out_r, err_r, reaper, SOCKET.fileno()):
         poller.register(fd, select.POLLIN)
     out = Output(out_r, err_r)
     status = None
@@ -166,14 +168,13 @@ def wait(pid, budget, out_r, err_r):
                 remaining = budget.wait_s(time.monotonic())
                 if remaining is None:
                     timed_out = killed = True
-                    kill_all()
-                    if status is None:
-                        poller.unregister(SOCKET.fileno())  # _judge_died closes it
-                        status = _judge_died()
+                    kill_all()  # the sweep that follows reaps the candidate
                     if not candidate_done:
-                        os.waitpid(pid, 0)
                         candidate_done = True
-                        poller.unregister(candidate)
+                        poller.unregister(reaper)
+                    if status is None:
+                        poller.unregister(SOCKET.fileno())  # _judge_died closes it (and the forker's)
+                        status = _judge_died()
                     continue
                 events = poller.poll(remaining * 1000.0)
             else:
@@ -181,13 +182,14 @@ def wait(pid, budget, out_r, err_r):
                 if not events:
                     break  # something unkillable holds a pipe: give up on the rest
             for fd, _ in events:
-                if fd == candidate:
-                    if os.waitpid(pid, os.WNOHANG)[0]:
-                        candidate_done = True
-                        poller.unregister(candidate)
-                        if status is not None and out.open:
-                            kill_all()  # whatever outlives both may hold the pipes
-                            killed = True
+                if fd == reaper and not candidate_done:
+                    candidate_done = True
+                    poller.unregister(reaper)
+                    if not forker.reaped() or (status is not None and out.open):
+                        # The forker is gone (the candidate may live on), or whatever outlives
+                        # both may hold the pipes: end it all now.
+                        kill_all()
+                        killed = True
                 elif status is None and fd == SOCKET.fileno():
                     poller.unregister(fd)
                     status = _judge_answer()
@@ -199,7 +201,6 @@ def wait(pid, budget, out_r, err_r):
                 elif fd in (out_r, err_r) and not out.read(fd):
                     poller.unregister(fd)
     finally:
-        os.close(candidate)
         os.close(out_r)
         os.close(err_r)
     return status, timed_out, out, killed
@@ -227,15 +228,16 @@ def _judge_died():
 
 
 def leftovers():
-    """Whether any process but PID 1 and the judge is left (the candidate has been reaped)."""
-    judge = str(PID)
-    return any(name.isdigit() and name != "1" and name != judge for name in os.listdir("/proc"))
+    """Whether any process but PID 1, the judge and the forker is left (the candidate has been
+    reaped)."""
+    keep = {"1", str(PID), str(forker.PID)}
+    return any(name.isdigit() and name not in keep for name in os.listdir("/proc"))
 
 
 # -- in the forked children ---------------------------------------------------------------------
 
 
-def _become_python():
+def become_python():
     """What a forked Python child sets up before running anything (see child.run_python_child)."""
     import builtins
     import gc
@@ -251,24 +253,23 @@ def _become_python():
     gc.enable()
 
 
-def run_candidate(job):
-    """The candidate process: the program's limits and clean kernel, then ``_serve_candidate``."""
-    _, main, req_r, resp_w, err_w, cwd = job
+def run_candidate(main, fds, path, filter_):
+    """The candidate process, forked by the forker (which has made it a fresh interpreter state
+    and chosen its OOM score): the program's limits and clean kernel, then ``_serve_candidate``."""
+    req_r, resp_w, err_w = fds
     os.setpgid(0, 0)
-    oom_first()
     top = S.FD_LIMIT - 1
     for i, fd in enumerate((req_r, resp_w, err_w)):
         os.dup2(fd, top - i)
     os.dup2(S.DEVNULL, 0)
     os.dup2(top - 2, 1)  # the candidate's prints go to stderr: stdout carries the verdict only
     os.dup2(top - 2, 2)
-    os.dup2(top, 3)
+    os.dup2(top, 3)  # the forker's socket was here
     os.dup2(top - 1, 4)
     os.closerange(5, S.FD_LIMIT)
-    os.chdir(os.path.join(S.WORK, cwd or ""))
-    _become_python()
+    os.chdir(os.fsdecode(path))
     apply_limits()
-    kernel.enter_program(FILTER)
+    kernel.enter_program(filter_)
     kernel.PREPARED.prctl(kernel.PR_SET_DUMPABLE, 0, 0, 0, 0)  # as a candidate forked by the judge
     try:
         main.__globals__["_serve_candidate"](3, 4)
@@ -293,7 +294,7 @@ def run_resident(job):
         os.dup2(S.DEVNULL, fd)
     S.DEVNULL = 4
     os.closerange(5, S.FD_LIMIT)
-    _become_python()
+    become_python()
     apply_limits(skip=("RLIMIT_CPU",))
     kernel.enter_program()
     kernel.PREPARED.prctl(kernel.PR_SET_DUMPABLE, 0, 0, 0, 0)
