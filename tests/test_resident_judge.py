@@ -48,14 +48,39 @@ def others(box):
 
 
 def resident(box):
-    """``(judge, forker)``: all there is in a sandbox between judged programs. The forker keeps
-    the supervisor's capabilities (its children need them for a clean kernel); the judge has none."""
-    procs = others(box)
-    assert len(procs) == 2, procs
-    judge = [pid for pid in procs if capabilities_of(pid) == 0]
+    """``(judge, forker)``: what stays in a sandbox between judged programs, with the forker's
+    next candidate, set up and waiting (``waiting_candidate``). The forker keeps the supervisor's
+    capabilities (its children need them for a clean kernel); the judge has none."""
+    procs = settled(box)
+    rest = [pid for pid in procs if parent_of(pid) == box.supervisor_pid()]
+    assert len(rest) == 2, procs
+    judge = [pid for pid in rest if capabilities_of(pid) == 0]
     assert len(judge) == 1, procs
-    (forker,) = set(procs) - set(judge)
+    (forker,) = set(rest) - set(judge)
     return judge[0], forker
+
+
+def waiting_candidate(box):
+    """The forker's next candidate (it forks one after each judged exec that left nothing)."""
+    _, forker = resident(box)
+    (pid,) = [pid for pid in settled(box) if parent_of(pid) == forker]
+    return pid
+
+
+def settled(box):
+    """The sandbox's processes once the waiting candidate, forked after the exec's answer, is
+    there (or after a moment: none comes after an exec that ended the judge)."""
+    deadline = time.monotonic() + 2
+    procs = others(box)
+    while len(procs) < 3 and time.monotonic() < deadline:
+        time.sleep(0.005)
+        procs = others(box)
+    return procs
+
+
+def parent_of(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
 
 
 def capabilities_of(pid):
@@ -95,6 +120,7 @@ def test_one_judge_serves_program_after_program(box):
         assert resident(box) == both
     wrong, nonce = judged(box, "def f(x):\n    return x + x\n", SQUARE_TESTS)
     assert check_outcome(wrong, nonce, 2).status == "failed"
+    waiting_candidate(box)  # forked after the answer: there before the control counts the host's
     # Control: with the resident judge switched off, every program has a judge of its own.
     with local_host(resident_judge="false") as h:
         fresh = h.create()
@@ -365,3 +391,62 @@ def test_candidates_come_from_the_forker_with_the_clean_kernel_of_any_program():
             # is gone); /proc/self/fd lists the descriptor that lists it, too.
             assert len(candidate["fds"]) == 6, candidate["fds"]
         assert first["ipc"] != second["ipc"] != plain["ipc"]  # a fresh IPC namespace each
+
+
+def ns_pid_of(pid):
+    """A host pid's number inside the sandbox's pid namespace."""
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line.split()[-1] for line in f if line.startswith("NSpid:")))
+
+
+SEEN = (
+    "import os, time\n"
+    "def f(x):\n"
+    "    if x and os.fork() == 0:\n"
+    "        time.sleep(5)\n"
+    "        os._exit(0)\n"
+    "    return [os.getpid(), sorted(int(p) for p in os.listdir('/proc') if p.isdigit())]\n"
+)
+
+
+def test_the_next_candidate_waits_ready_and_no_program_ever_sees_one():
+    """After a judged exec that left nothing, the forker forks the next program's candidate, which
+    sets itself up and waits; the next judged program runs in it (a reset between leases keeps
+    it). It is forked only once the exec has ended, so no program process sees one waiting."""
+    with local_host() as h:
+        box = h.create()
+        assert_square_passes(box)
+        judge, forker = resident(box)
+        inside = [1, ns_pid_of(judge), ns_pid_of(forker)]
+        for _ in range(3):
+            waiting = waiting_candidate(box)
+            assert state_of(waiting) == "S" and capabilities_of(waiting) == 0  # set up, blocked
+            box.reset()
+            assert waiting_candidate(box) == waiting
+            expected = ns_pid_of(waiting)
+            me, seen = returned(box, SEEN)
+            assert me == expected  # the program ran in the candidate that waited
+            assert seen == sorted(inside + [me])  # and saw no other process
+            assert resident(box) == (judge, forker)
+        # Control: a process that comes while the program runs (its own child here) is seen.
+        result, nonce = judged(box, SEEN, call_spec("f", [1]))
+        verdict = parse_verdict(result, nonce)
+        me, seen = plain_loads(base64.b64decode(verdict.tests[0]["value"]))
+        assert len(seen) == 5 and set(inside + [me]) < set(seen), seen
+
+
+def test_a_plain_program_never_shares_the_sandbox_with_the_judge():
+    """A plain exec ends the judge, its forker and the waiting candidate before it runs (its sweep
+    would end them after it anyway): no plain program can stop or slow them for a later lease."""
+    with local_host() as h:
+        box = h.create()
+        assert_square_passes(box)
+        waiting_candidate(box)
+        plain = box.py("import os\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()) == [1, os.getpid()])")
+        assert plain.stdout == "True\n", plain
+        assert_square_passes(box)  # the next judged program starts them afresh
+        resident(box)
+        # Control: a process that is there while the plain program runs (its own child) is seen.
+        plain = box.py("import os, time\nif os.fork() == 0:\n    time.sleep(5)\n    os._exit(0)\n"
+                       "print(len([p for p in os.listdir('/proc') if p.isdigit()]))")
+        assert plain.stdout == "3\n", plain

@@ -15,6 +15,12 @@ capabilities, which its children need for a clean kernel, and runs no program co
 candidate would set up alike is set up here once and inherited: a fresh interpreter state (streams,
 ``__main__``), the OOM score, and the filter (built here: it names this process's own pid).
 
+Once an exec has ended with nothing of it left, PID 1 asks the forker for the next program's
+candidate ahead of time (``prefork``): it is forked, sets itself up (process group, limits, clean
+kernel, filter) and waits for its exec's descriptors and working directory, so that its fork and
+set-up leave the program's path. No program process exists while it is forked, and a plain exec
+ends it with the judge before it runs (``forkserver.do_exec``).
+
 A sweep kills it with everything else; the next judged exec forks a new one.
 """
 
@@ -96,8 +102,35 @@ def reaped():
 # -- in the forker ---------------------------------------------------------------------------------
 
 
+def prefork():
+    """Ask the forker to fork the next candidate now, while the host reads this exec's answer: it
+    sets itself up and waits for its exec, off the next program's path. Sent only once this exec
+    has ended with nothing of it left, so that no program process ever sees a waiting candidate."""
+    try:
+        SOCKET.send(PREFORK)
+    except OSError:
+        pass  # the forker is gone: the next judged exec finds out
+
+
+def waiting(name):
+    """Whether the process ``name`` (a /proc entry) is the forker's waiting candidate: the
+    forker's child between execs (program processes are never its children; orphans go to PID 1)."""
+    try:
+        with open(f"/proc/{name}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1]) == PID
+    except (OSError, IndexError, ValueError):
+        return True  # gone meanwhile
+
+
+PREFORK = b"\0prefork"  # a request with no descriptors (a fork request always has three)
+
+
+# -- in the forker ---------------------------------------------------------------------------------
+
+
 def run_forker(job):
-    """The forker's loop: one candidate at a time, forked, reported, reaped, reported."""
+    """The forker's loop: one candidate at a time, forked (or taken ready from a prefork),
+    reported, reaped, reported."""
     from . import resident
 
     _, main, sock = job
@@ -117,23 +150,22 @@ def run_forker(job):
     filter_ = kernel.protecting(resident.PID, os.getpid())
     kernel.PREPARED.prctl(kernel.PR_SET_DUMPABLE, 0, 0, 0, 0)
     gc.freeze()  # what PID 1 made since it last froze: no candidate's collector scans it
+    ready = None  # (pid, our end of its socket): a candidate set up and waiting for its exec
     while True:
         try:
             path, fds, flags, _ = socket.recv_fds(sock, 1 << 16, 3)
         except OSError:
             os._exit(0)
+        if path == PREFORK and not fds:
+            if ready is None:
+                ready = _fork_waiting(main, filter_)
+            continue
         if not path or len(fds) != 3 or flags & socket.MSG_TRUNC:
             os._exit(0)  # PID 1 went away (or sent what it never sends)
-        try:
-            pid = os.fork()
-        except OSError as exc:
-            pid = -(exc.errno or 1)
-        if pid == 0:
-            try:
-                resident.run_candidate(main, fds, path, filter_)
-            except BaseException as exc:
-                child_fail(f"cannot start the program: {exc!r}", EXIT_CANNOT_RUN)
-            os._exit(EXIT_CANNOT_RUN)
+        pid = _hand_over(ready, path, fds) if ready is not None else None
+        ready = None
+        if pid is None:
+            pid = _fork_now(main, filter_, fds, path)
         for fd in fds:
             os.close(fd)
         try:
@@ -143,3 +175,77 @@ def run_forker(job):
                 sock.send(MESSAGE.pack(b"R", status))
         except OSError:
             os._exit(0)
+
+
+def _fork_now(main, filter_, fds, path):
+    """Fork a candidate for this exec. Its pid (-errno when no fork could be made)."""
+    from . import resident
+
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        return -(exc.errno or 1)
+    if pid == 0:
+        try:
+            resident.wire_candidate(fds)
+            resident.prepare_candidate(filter_)
+            resident.serve_candidate(main, path)
+        except BaseException as exc:
+            child_fail(f"cannot start the program: {exc!r}", EXIT_CANNOT_RUN)
+        os._exit(EXIT_CANNOT_RUN)
+    return pid
+
+
+def _fork_waiting(main, filter_):
+    """Fork a candidate that sets itself up and waits for its exec: ``(pid, socket)``, or None."""
+    from . import resident
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        pid = os.fork()
+    except OSError:
+        ours.close()
+        theirs.close()
+        return None
+    if pid == 0:
+        fd = theirs.detach()
+        os.dup2(fd, 3)  # in place of the forker's socket to PID 1
+        os.closerange(4, S.FD_LIMIT)
+        error = None
+        try:
+            resident.prepare_candidate(filter_)
+        except BaseException as exc:
+            error = exc  # reported on the exec's stderr, once there is one
+        try:
+            path, fds, flags, _ = socket.recv_fds(socket.socket(fileno=3), 1 << 16, 3)
+        except BaseException:
+            os._exit(0)
+        if not path or len(fds) != 3 or flags & socket.MSG_TRUNC:
+            os._exit(0)  # the forker went away
+        try:
+            resident.wire_candidate(fds)  # closes the socket (fd 3)
+            if error is not None:
+                raise error
+            resident.serve_candidate(main, path)
+        except BaseException as exc:
+            child_fail(f"cannot start the program: {exc!r}", EXIT_CANNOT_RUN)
+        os._exit(EXIT_CANNOT_RUN)
+    theirs.close()
+    return pid, ours
+
+
+def _hand_over(ready, path, fds):
+    """Give the waiting candidate its exec. Its pid, or None when it is gone (then reaped)."""
+    pid, ours = ready
+    try:
+        socket.send_fds(ours, [path], fds)
+        return pid
+    except OSError:
+        try:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+        except OSError:
+            pass
+        return None
+    finally:
+        ours.close()

@@ -174,6 +174,10 @@ def do_exec(request):
             code = compiled(plan[0], plan[1])
         elif resident.usable(code, env):
             return resident.do_exec(code, stdin_fd, timeout, cwd)
+    if resident.PID is not None:
+        # The judge, its forker and the waiting candidate never share the sandbox with another
+        # program (the sweep after this exec would end them anyway).
+        sweep()
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     # A page of its own for every exec: whatever a program writes into it dies with the exec.

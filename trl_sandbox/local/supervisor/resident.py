@@ -145,6 +145,8 @@ def do_exec(main, stdin_fd, timeout, cwd):
     if killed or PID is None or forker.PID is None or leftovers():
         sweep()
     out.send(flags, exit_code, duration, out_r, err_r)
+    if forker.PID is not None:  # nothing of this exec is left: the next candidate may be forked
+        forker.prefork()
     return None
 
 
@@ -228,10 +230,10 @@ def _judge_died():
 
 
 def leftovers():
-    """Whether any process but PID 1, the judge and the forker is left (the candidate has been
-    reaped)."""
+    """Whether any process but PID 1, the judge, the forker and its waiting candidate is left (the
+    exec's candidate has been reaped)."""
     keep = {"1", str(PID), str(forker.PID)}
-    return any(name.isdigit() and name not in keep for name in os.listdir("/proc"))
+    return any(name.isdigit() and name not in keep and not forker.waiting(name) for name in os.listdir("/proc"))
 
 
 # -- in the forked children ---------------------------------------------------------------------
@@ -253,24 +255,36 @@ def become_python():
     gc.enable()
 
 
-def run_candidate(main, fds, path, filter_):
-    """The candidate process, forked by the forker (which has made it a fresh interpreter state
-    and chosen its OOM score): the program's limits and clean kernel, then ``_serve_candidate``."""
+def wire_candidate(fds):
+    """A candidate's descriptors: the request and response pipes as 3 and 4 (where
+    ``_serve_candidate`` expects them), stdout and stderr both the exec's stderr (stdout carries
+    the verdict only), stdin /dev/null; every other descriptor closed (the forker's socket too)."""
     req_r, resp_w, err_w = fds
-    os.setpgid(0, 0)
-    top = S.FD_LIMIT - 1
-    for i, fd in enumerate((req_r, resp_w, err_w)):
-        os.dup2(fd, top - i)
     os.dup2(S.DEVNULL, 0)
-    os.dup2(top - 2, 1)  # the candidate's prints go to stderr: stdout carries the verdict only
-    os.dup2(top - 2, 2)
-    os.dup2(top, 3)  # the forker's socket was here
-    os.dup2(top - 1, 4)
+    os.dup2(err_w, 1)
+    os.dup2(err_w, 2)
+    if resp_w == 3:
+        resp_w = os.dup(resp_w)  # out of the way of the request pipe
+    if req_r != 3:
+        os.dup2(req_r, 3)
+    if resp_w != 4:
+        os.dup2(resp_w, 4)
     os.closerange(5, S.FD_LIMIT)
-    os.chdir(os.fsdecode(path))
+
+
+def prepare_candidate(filter_):
+    """A candidate's own process group, limits and clean kernel (the forker has made it a fresh
+    interpreter state and chosen its OOM score)."""
+    os.setpgid(0, 0)
+    os.chdir("/")
     apply_limits()
     kernel.enter_program(filter_)
     kernel.PREPARED.prctl(kernel.PR_SET_DUMPABLE, 0, 0, 0, 0)  # as a candidate forked by the judge
+
+
+def serve_candidate(main, path):
+    """Into the exec's working directory, and serve the judge (``_serve_candidate``)."""
+    os.chdir(os.fsdecode(path))
     try:
         main.__globals__["_serve_candidate"](3, 4)
     except BaseException:
