@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import signal
 import textwrap
 import time
 
@@ -450,3 +451,22 @@ def test_a_plain_program_never_shares_the_sandbox_with_the_judge():
         plain = box.py("import os, time\nif os.fork() == 0:\n    time.sleep(5)\n    os._exit(0)\n"
                        "print(len([p for p in os.listdir('/proc') if p.isdigit()]))")
         assert plain.stdout == "3\n", plain
+
+
+@pytest.mark.parametrize("victim", ["judge", "forker", "waiting candidate"])
+def test_a_helper_that_died_between_programs_is_replaced_unseen(victim):
+    """The judge, the forker or the waiting candidate killed between two judged programs (by the
+    OOM killer, say): the next program is judged as if nothing happened."""
+    with local_host() as h:
+        box = h.create()
+        assert_square_passes(box)
+        judge, forker = resident(box)
+        pid = {"judge": judge, "forker": forker, "waiting candidate": waiting_candidate(box)}[victim]
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while state_of(pid) != "Z" and time.monotonic() < deadline:  # dead, not yet reaped
+            time.sleep(0.002)
+        assert state_of(pid) == "Z"
+        assert_square_passes(box)
+        now = resident(box)
+        assert (now == (judge, forker)) == (victim == "waiting candidate"), (victim, now)

@@ -320,8 +320,9 @@ def _close_fds_except(keep):
 
 def _serve_candidate(rfd, wfd):
     """The candidate process of a judge that stays resident across programs (the local sandbox's):
-    forked from the sandbox's pristine fork server, not from the judge (whose memory holds the
-    tests of every program it judged), it reads its part of the payload from the judge first."""
+    forked by the sandbox's forker (a pristine copy of its fork server), not by the judge (whose
+    memory holds the tests of every program it judged), it reads its part of the payload from the
+    judge first."""
     spec = _pickle.loads(_read_message(rfd))
     _candidate(spec, rfd, wfd, _TYPE_MODIFIED if spec.get("remove_methods") else None)
 

@@ -13,8 +13,8 @@ sandbox may cache its compiled form); everything that changes per execution come
 
 The host side is ``trl_sandbox.judge``. The judge makes itself non-dumpable (so that the candidate
 cannot read its memory or its file descriptors through /proc or ptrace), forks the candidate
-process (where the judge stays resident across programs, the local sandbox's fork server has
-forked it; see ``_ATTACH``), and talks to it over a pipe pair. The candidate process first zeroes its copy of the
+process (where the judge stays resident across programs, the local sandbox's forker has forked
+it; see ``_ATTACH``), and talks to it over a pipe pair. The candidate process first zeroes its copy of the
 nonce, closes stdin and the real stdout (its prints go to stderr), drops the task's banned
 builtins, execs the candidate source and then serves call requests. Everything it sends back is
 decoded with an unpickler that refuses every class but three exact value types, so only plain

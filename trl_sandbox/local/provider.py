@@ -133,7 +133,8 @@ class LocalProvider:
     never times a program out; ``"wall"``: wall-clock seconds) and, in CPU mode, the wall-clock
     backstop for programs that sleep or block: ``wall_factor`` x timeout + ``wall_margin_s``;
     ``resident_judge`` (``True``: one judge process per sandbox judges program after program, and
-    each judged program costs one process, its candidate's; ``False``: a judge process per program).
+    each judged program costs one process, its candidate's, forked ahead of it by a small forker;
+    ``False``: a judge process per program).
     """
 
     name = "local"

@@ -40,18 +40,27 @@ MESSAGE = struct.Struct("<ci")  # b"P" + the candidate's pid (-errno: no fork); 
 ANSWER_S = 10.0  # a forker that takes longer than this to fork is taken for gone
 
 
-def start(main):
-    """Fork the forker. Returns None in PID 1, and the forker's job in the forked child."""
-    global PID, SOCKET
+def fork_helper(kind, main):
+    """Fork one of the sandbox's resident helpers (the judge, the forker) with a socket to PID 1:
+    ``(pid, PID 1's end)`` in PID 1, ``(0, job)`` in the child."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     for hook in S.PRE_FORK:
         hook()
     pid = os.fork()
     if pid == 0:
         ours.close()
-        return ("forker", main, theirs)
+        return 0, (kind, main, theirs)
     theirs.close()
-    PID, SOCKET = pid, ours
+    return pid, ours
+
+
+def start(main):
+    """Fork the forker. Returns None in PID 1, and the forker's job in the forked child."""
+    global PID, SOCKET
+    pid, got = fork_helper("forker", main)
+    if pid == 0:
+        return got
+    PID, SOCKET = pid, got
     return None
 
 

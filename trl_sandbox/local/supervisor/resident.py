@@ -74,6 +74,16 @@ def forget():
     forker.forget()
 
 
+def alive(pid):
+    """Whether PID 1's child ``pid`` still runs (one that died is reaped here)."""
+    if pid is None:
+        return True  # not started yet
+    try:
+        return os.waitpid(pid, os.WNOHANG)[0] == 0
+    except ChildProcessError:
+        return False
+
+
 def cpu_ticks():
     """The judge's CPU so far (it forks nothing), to leave out of an exec's budget."""
     try:
@@ -87,15 +97,10 @@ def cpu_ticks():
 def start(main):
     """Fork the judge. Returns None in PID 1, and the judge's job in the forked child."""
     global PID, SOCKET
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    for hook in S.PRE_FORK:
-        hook()
-    pid = os.fork()
+    pid, got = forker.fork_helper("resident", main)
     if pid == 0:
-        ours.close()
-        return ("resident", main, theirs)
-    theirs.close()
-    PID, SOCKET = pid, ours
+        return got
+    PID, SOCKET = pid, got
     return None
 
 
@@ -104,6 +109,8 @@ def do_exec(main, stdin_fd, timeout, cwd):
     wait for both. Returns None in PID 1, and a job in a forked child (the judge, the forker)."""
     from .forkserver import outcome, sweep
 
+    if PID is not None and not (alive(PID) and alive(forker.PID)):
+        sweep()  # one of them died between execs (the OOM killer, say): both start afresh
     if PID is None:
         job = start(main)
         if job is not None:
