@@ -16,20 +16,34 @@ def children_cpu_s():
     return t.children_user + t.children_system
 
 
+def stat_fields(pid):
+    """The fields of ``/proc/<pid>/stat`` after the command name (``[1]`` is the parent's pid,
+    ``[11:15]`` the CPU ticks: own user, own system, reaped children's user and system), or None
+    when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def ticks_of(pid, children=False):
+    """A process's CPU ticks so far (with ``children``, those of the children it reaped too)."""
+    fields = stat_fields(pid)
+    try:
+        return sum(int(v) for v in fields[11:15 if children else 13])
+    except (TypeError, ValueError):  # gone (no fields), or not what the kernel writes
+        return 0
+
+
 def tree_cpu(children_cpu):
     """CPU seconds used since the exec began by every process of the sandbox but PID 1: the live
     ones and zombies from /proc (their own time and that of the children they reaped), the ones PID 1
     reaped from its children's times. Setsid, double-forked and daemonised processes all count."""
     ticks = 0
     for name in os.listdir("/proc"):
-        if not name.isdigit() or name == "1":
-            continue
-        try:
-            with open("/proc/" + name + "/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-            ticks += int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
-        except (OSError, IndexError, ValueError):
-            continue  # it exited meanwhile (its time is now its reaper's)
+        if name.isdigit() and name != "1":
+            ticks += ticks_of(name, children=True)  # 0 for one that exited meanwhile (its reaper has it)
     return ticks / S.CLK_TCK + (children_cpu_s() - children_cpu)
 
 

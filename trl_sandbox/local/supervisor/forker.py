@@ -32,7 +32,8 @@ import struct
 
 from . import kernel
 from . import state as S
-from .child import EXIT_CANNOT_RUN, child_fail, oom_first
+from .budget import stat_fields, ticks_of
+from .child import EXIT_CANNOT_RUN, child_fail
 
 PID = None  # the forker's pid, while one runs
 SOCKET = None  # PID 1's end of its socket
@@ -74,12 +75,7 @@ def forget():
 
 def cpu_ticks():
     """The forker's CPU so far, its own and its reaped candidates', to leave out of a budget."""
-    try:
-        with open(f"/proc/{PID}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return sum(int(fields[i]) for i in (11, 12, 13, 14))
-    except (OSError, IndexError, ValueError):
-        return 0
+    return ticks_of(PID, children=True)
 
 
 def fork_candidate(cwd, fds):
@@ -124,11 +120,8 @@ def prefork():
 def waiting(name):
     """Whether the process ``name`` (a /proc entry) is the forker's waiting candidate: the
     forker's child between execs (program processes are never its children; orphans go to PID 1)."""
-    try:
-        with open(f"/proc/{name}/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[1]) == PID
-    except (OSError, IndexError, ValueError):
-        return True  # gone meanwhile
+    fields = stat_fields(name)
+    return fields is None or int(fields[1]) == PID  # None: gone meanwhile
 
 
 PREFORK = b"\0prefork"  # a request with no descriptors (a fork request always has three)
@@ -143,19 +136,7 @@ def run_forker(job):
     from . import resident
 
     _, main, sock = job
-    os.setsid()
-    os.chdir("/")
-    oom_first()  # inherited by every candidate
-    fd = sock.detach()
-    if fd != 3:
-        os.dup2(fd, 3)
-        os.close(fd)
-    for fd in (0, 1, 2):
-        os.dup2(S.DEVNULL, fd)
-    S.DEVNULL = 0
-    os.closerange(4, S.FD_LIMIT)
-    sock = socket.socket(fileno=3)
-    resident.become_python()
+    sock = resident.settle_helper(sock, devnull_at=0)  # its OOM score and interpreter state are inherited
     filter_ = kernel.protecting(resident.PID, os.getpid())
     kernel.PREPARED.prctl(kernel.PR_SET_DUMPABLE, 0, 0, 0, 0)
     gc.freeze()  # what PID 1 made since it last froze: no candidate's collector scans it
@@ -226,13 +207,14 @@ def _fork_waiting(main, filter_):
         except BaseException as exc:
             error = exc  # reported on the exec's stderr, once there is one
         try:
-            path, fds, flags, _ = socket.recv_fds(socket.socket(fileno=3), 1 << 16, 3)
+            with socket.socket(fileno=3) as ready:  # closed before the descriptors are put in place
+                path, fds, flags, _ = socket.recv_fds(ready, 1 << 16, 3)
         except BaseException:
             os._exit(0)
         if not path or len(fds) != 3 or flags & socket.MSG_TRUNC:
             os._exit(0)  # the forker went away
         try:
-            resident.wire_candidate(fds)  # closes the socket (fd 3)
+            resident.wire_candidate(fds)
             if error is not None:
                 raise error
             resident.serve_candidate(main, path)

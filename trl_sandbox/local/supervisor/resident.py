@@ -40,7 +40,7 @@ import time
 
 from . import forker, kernel
 from . import state as S
-from .budget import Budget, children_cpu_s
+from .budget import Budget, children_cpu_s, ticks_of
 from .child import apply_limits, exit_status, oom_first
 from .output import Output
 from .protocol import K_ERROR, reply
@@ -86,12 +86,7 @@ def alive(pid):
 
 def cpu_ticks():
     """The judge's CPU so far (it forks nothing), to leave out of an exec's budget."""
-    try:
-        with open(f"/proc/{PID}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return int(fields[11]) + int(fields[12])
-    except (OSError, IndexError, ValueError):
-        return 0
+    return ticks_of(PID)
 
 
 def start(main):
@@ -262,6 +257,26 @@ def become_python():
     gc.enable()
 
 
+def settle_helper(sock, devnull_at):
+    """What the judge and the forker do first: a session of their own, ``/`` as working directory,
+    the OOM killer's first choice, their socket to PID 1 as descriptor 3, /dev/null on 0, 1, 2 and
+    ``devnull_at`` (``S.DEVNULL`` from then on), every other descriptor closed, and a fresh
+    interpreter state. Returns the socket."""
+    os.setsid()
+    os.chdir("/")
+    oom_first()
+    fd = sock.detach()
+    if fd != 3:
+        os.dup2(fd, 3)
+        os.close(fd)
+    for fd in {0, 1, 2, devnull_at}:
+        os.dup2(S.DEVNULL, fd)
+    S.DEVNULL = devnull_at
+    os.closerange(max(3, devnull_at) + 1, S.FD_LIMIT)
+    become_python()
+    return socket.socket(fileno=3)
+
+
 def wire_candidate(fds):
     """A candidate's descriptors: the request and response pipes as 3 and 4 (where
     ``_serve_candidate`` expects them), stdout and stderr both the exec's stderr (stdout carries
@@ -303,19 +318,7 @@ def run_resident(job):
     """The judge: a session of its own, the program's limits but CPU seconds, no capabilities and
     the usual filter; then one exec after another from PID 1 until it goes away."""
     _, main, sock = job
-    os.setsid()
-    os.chdir("/")
-    oom_first()
-    fd = sock.detach()
-    if fd != 3:
-        os.dup2(fd, 3)
-        os.close(fd)
-    sock = socket.socket(fileno=3)
-    for fd in (0, 1, 2, 4):
-        os.dup2(S.DEVNULL, fd)
-    S.DEVNULL = 4
-    os.closerange(5, S.FD_LIMIT)
-    become_python()
+    sock = settle_helper(sock, devnull_at=4)
     apply_limits(skip=("RLIMIT_CPU",))
     kernel.enter_program()
     kernel.PREPARED.prctl(kernel.PR_SET_DUMPABLE, 0, 0, 0, 0)
