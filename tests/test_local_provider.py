@@ -259,6 +259,48 @@ def test_files_persist_between_execs_until_reset(host):
     box.destroy()
 
 
+def test_a_reset_goes_with_the_next_request(host):
+    """A pool resets a sandbox after every lease: the reset waits for the sandbox's next request
+    and travels in the same write, answered first, so a job costs one round trip, not two."""
+    box = host.create()
+    box.write("left.txt", "from the last lease")
+    supervisor = box.supervisor_pid()
+    os.kill(supervisor, signal.SIGSTOP)
+    try:
+        host.run(box.sandbox.reset(), timeout=2.0)  # answered without the (stopped) supervisor
+        # Control: a request that needs the supervisor waits for it.
+        listing = host.loop.submit(box.sandbox.exec(["python3", "-c", "import os; print(os.listdir('.'))"], timeout=10))
+        time.sleep(0.3)
+        assert not listing.done()
+    finally:
+        os.kill(supervisor, signal.SIGCONT)
+    assert listing.result(10).stdout == "[]\n"  # the reset ran first
+    box.write("kept.txt", "this lease's")
+    assert box.read("kept.txt") == b"this lease's"  # nothing due: nothing reset
+    box.reset()
+    with pytest.raises(OSError):
+        box.read("kept.txt")  # a file operation takes the reset along too
+    box.destroy()
+
+
+def test_a_sandbox_that_dies_with_a_reset_due_fails_as_the_hosts_not_the_programs(host):
+    """No program ran: the exec raises ``InfraError`` (a pool replaces the sandbox and runs the job
+    elsewhere), never a result that a task would score against the program."""
+    box = host.create()
+    box.reset()
+    os.kill(box.supervisor_pid(), signal.SIGKILL)
+    with pytest.raises(InfraError):
+        box.py("print('never runs')")
+    # Control: a supervisor that dies during an exec gives that exec a result saying so.
+    other = host.create()
+    running = host.loop.submit(other.sandbox.exec(["python3", "-c", "import time; time.sleep(10)"], timeout=20))
+    assert wait_for(lambda: len(other.namespace_members()) == 2)
+    os.kill(other.supervisor_pid(), signal.SIGKILL)
+    assert running.result(10).exit_code is None
+    box.destroy()
+    other.destroy()
+
+
 def test_list_destroy_and_tags(host):
     a = host.create(tags={"run": "r1", "role": "a"})
     b = host.create(tags={"run": "r1", "role": "b"})

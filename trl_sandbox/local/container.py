@@ -29,6 +29,10 @@ log = logging.getLogger("trl_sandbox.local.provider")
 HEADER = _proto.HEADER
 LENGTH = _proto.LENGTH
 MARSHAL_VERSION = 4  # readable by every Python the supervisor supports (3.8+)
+_RESET = marshal.dumps((_proto.OP_RESET,), MARSHAL_VERSION)
+RESET_FRAME = LENGTH.pack(len(_RESET)) + _RESET
+# The requests a due reset goes ahead of: whatever runs a program or touches the scratch places.
+RESET_FIRST = frozenset((_proto.OP_EXEC, _proto.OP_WRITE, _proto.OP_READ))
 # Bounds on a file operation's path, checked on the host before it reaches the supervisor (whose
 # directory creation must not depend on the interpreter's recursion limit).
 MAX_PATH_BYTES = 4096
@@ -59,6 +63,7 @@ class LocalSandbox:
         self._reader: asyncio.StreamReader = proc.stdout
         self._writer: asyncio.StreamWriter = proc.stdin
         self._lock = asyncio.Lock()
+        self._reset_due = False  # see reset()
         self._dead: str | None = None
         self._dead_by_host = False
         self._hang = False
@@ -159,15 +164,23 @@ class LocalSandbox:
         self, request: tuple, deadline: float | None, raw: bytes = b""
     ) -> tuple[int, int, int, float, bytes, bytes]:
         """Send one request (plus a raw frame, for an exec's stdin) and read its answer:
-        (kind, flags, code, duration, part1, part2)."""
+        (kind, flags, code, duration, part1, part2). A due reset goes first, in the same write."""
         payload = marshal.dumps(request, MARSHAL_VERSION)
+        frames = LENGTH.pack(len(payload)) + payload + raw
+        reset_first = self._reset_due and request[0] in RESET_FIRST
+        if reset_first:
+            frames = RESET_FRAME + frames
+            self._reset_due = False
         watchdog = None
         try:
-            self._writer.write(LENGTH.pack(len(payload)) + payload + raw)
-            if len(payload) + len(raw) > 1 << 16:
+            self._writer.write(frames)
+            if len(frames) > 1 << 16:
                 await self._writer.drain()
             if deadline is not None:
                 watchdog = asyncio.get_running_loop().call_later(deadline, self._hung, deadline)
+            if reset_first:
+                await self._reset_answer()
+                reset_first = False
             head = await self._reader.readexactly(HEADER.size)
             kind, flags, code, duration, n1, n2 = HEADER.unpack(head)
             if kind == _proto.K_RESULT and (n1 > self._max_output or n2 > self._max_output):
@@ -179,6 +192,8 @@ class LocalSandbox:
             self._mark_dead("a request was cancelled before its answer arrived")
             raise
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
+            if reset_first and self._dead is None:  # gone before the reset's answer: no program ran
+                self._mark_dead(f"it died during its reset: {await self._death_reason()}", by_host=True)
             if self._dead is None:
                 self._mark_dead(await self._death_reason())
             raise _Died(self._dead or "the sandbox died", by_host=self._dead_by_host, hung=self._hang) from exc
@@ -188,6 +203,17 @@ class LocalSandbox:
         if n2:
             return kind, flags, code, duration, body[:n1], body[n1:]
         return kind, flags, code, duration, body, b""
+
+    async def _reset_answer(self) -> None:
+        """Read the answer to a reset sent ahead of a request. A failed reset ends the supervisor
+        before it reads the request (``supervisor.main.serve``), and a sandbox that dies during its
+        reset is no program's doing: either way the request fails as the host's (``by_host``), so
+        that an exec raises ``InfraError`` instead of returning a result that blames the program."""
+        kind, _, _, _, n1, n2 = HEADER.unpack(await self._reader.readexactly(HEADER.size))
+        body = await self._reader.readexactly(n1 + n2) if n1 + n2 else b""
+        if kind != _proto.K_OK:
+            self._mark_dead(f"its reset failed: {body.decode('utf-8', 'replace')[:500]}", by_host=True)
+            raise _Died(self._dead or "its reset failed", by_host=True)
 
     def _hung(self, deadline: float) -> None:
         self._hang = True
@@ -320,7 +346,13 @@ class LocalSandbox:
         return data
 
     async def reset(self) -> None:
-        await self._simple((_proto.OP_RESET,))
+        """Back to a clean state before anything runs again: the reset is sent ahead of the next
+        exec or file operation, in the same write, and answered first. A pool resets after every
+        lease, so this saves each job a round trip to the supervisor. A reset that fails there ends
+        the sandbox: that request raises ``InfraError`` and a pool replaces the sandbox."""
+        async with self._lock:
+            self._check()
+            self._reset_due = True
 
     async def alive(self) -> bool:
         if not self._usable():

@@ -272,6 +272,10 @@ def serve():
             except Exception as exc:
                 code = exc.errno if isinstance(exc, OSError) and exc.errno else 0
                 reply(K_ERROR, code=code, part1=str(exc).encode("utf-8", "replace"))
+                if op == OP_RESET:
+                    # The host sends its next request right behind a reset, unanswered: nothing
+                    # may run in a sandbox that could not be made clean. The pool replaces it.
+                    sys.exit(EXIT_CANNOT_RUN)
 
 
 def probe():
