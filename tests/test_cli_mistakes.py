@@ -151,3 +151,17 @@ def test_an_interrupted_exec_resumes_and_keeps_every_finished_result(tmp_path):
     assert [r["stdout"] for r in results] == [f"{i}\n" for i in range(20)]
     assert "reused" in resumed.stderr
     assert os.path.exists(out) and not Path(f"{out}.partial").exists()
+
+
+def test_a_published_plugin_that_is_not_installed_says_how_to_install_it():
+    """Not "did you mean 'humaneval'?" for 'humaneval' itself: the name is right, the package is missing."""
+    from trl_sandbox.plugins import _lookup
+    from trl_sandbox.sandbox import ConfigError
+
+    with pytest.raises(ConfigError) as missing:
+        _lookup("task set", {}, "humaneval")
+    assert "did you mean" not in str(missing.value)
+    assert "'humaneval' is not installed: it comes with `pip install trl-sandbox-humaneval`" in str(missing.value)
+    with pytest.raises(ConfigError) as typo:  # control: a typo of it is still a typo
+        _lookup("task set", {}, "humaneva")
+    assert "did you mean 'humaneval'?" in str(typo.value)

@@ -106,6 +106,9 @@ def _lookup(kind: str, found: dict[str, Registration], name: str) -> Any:
         import difflib
 
         known = ", ".join(sorted(found)) or "none"
+        if name in PUBLISHED[kind]:  # ours, just not installed: no "did you mean" the same name
+            raise ConfigError(f"{kind} {name!r} is not installed: it comes with `pip install "
+                              f"{PUBLISHED[kind][name]}`. Installed {kind}s: {known}.")
         message = f"unknown {kind} {name!r};"
         close = difflib.get_close_matches(str(name), sorted(set(found) | set(PUBLISHED[kind])), n=1, cutoff=0.6)
         if close:
