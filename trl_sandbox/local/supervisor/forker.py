@@ -13,7 +13,10 @@ candidate's reach: a session of its own, non-dumpable (no /proc/<pid>/mem or fd:
 scheduling call aimed at it, as at the judge (``kernel.protecting``). It keeps the supervisor's
 capabilities, which its children need for a clean kernel, and runs no program code. What every
 candidate would set up alike is set up here once and inherited: a fresh interpreter state (streams,
-``__main__``), the OOM score, and the filter (built here: it names this process's own pid).
+``__main__``), the OOM score, and the seccomp filter: built here (it names this process's own pid)
+and put on the forker itself, so that every candidate has it from birth (attaching a filter costs
+more CPU than the fork; inheriting one costs nothing). It lets ``unshare(CLONE_NEWIPC)`` through,
+which a candidate needs before it drops its capabilities and is refused by the kernel after.
 
 Once an exec has ended with nothing of it left, PID 1 asks the forker for the next program's
 candidate ahead of time (``prefork``): it is forked, sets itself up (process group, limits, clean
@@ -137,7 +140,7 @@ def run_forker(job):
 
     _, main, sock = job
     sock = resident.settle_helper(sock, devnull_at=0)  # its OOM score and interpreter state are inherited
-    filter_ = kernel.protecting(resident.PID, os.getpid())
+    kernel.take_filter(kernel.protecting(resident.PID, os.getpid()))  # its candidates inherit it
     kernel.PREPARED.prctl(kernel.PR_SET_DUMPABLE, 0, 0, 0, 0)
     gc.freeze()  # what PID 1 made since it last froze: no candidate's collector scans it
     ready = None  # (pid, our end of its socket): a candidate set up and waiting for its exec
@@ -148,14 +151,14 @@ def run_forker(job):
             os._exit(0)
         if path == PREFORK and not fds:
             if ready is None:
-                ready = _fork_waiting(main, filter_)
+                ready = _fork_waiting(main)
             continue
         if not path or len(fds) != 3 or flags & socket.MSG_TRUNC:
             os._exit(0)  # PID 1 went away (or sent what it never sends)
         pid = _hand_over(ready, path, fds) if ready is not None else None
         ready = None
         if pid is None:
-            pid = _fork_now(main, filter_, fds, path)
+            pid = _fork_now(main, fds, path)
         for fd in fds:
             os.close(fd)
         try:
@@ -167,7 +170,7 @@ def run_forker(job):
             os._exit(0)
 
 
-def _fork_now(main, filter_, fds, path):
+def _fork_now(main, fds, path):
     """Fork a candidate for this exec. Its pid (-errno when no fork could be made)."""
     from . import resident
 
@@ -178,7 +181,7 @@ def _fork_now(main, filter_, fds, path):
     if pid == 0:
         try:
             resident.wire_candidate(fds)
-            resident.prepare_candidate(filter_)
+            resident.prepare_candidate()
             resident.serve_candidate(main, path)
         except BaseException as exc:
             child_fail(f"cannot start the program: {exc!r}", EXIT_CANNOT_RUN)
@@ -186,7 +189,7 @@ def _fork_now(main, filter_, fds, path):
     return pid
 
 
-def _fork_waiting(main, filter_):
+def _fork_waiting(main):
     """Fork a candidate that sets itself up and waits for its exec: ``(pid, socket)``, or None."""
     from . import resident
 
@@ -203,7 +206,7 @@ def _fork_waiting(main, filter_):
         os.closerange(4, S.FD_LIMIT)
         error = None
         try:
-            resident.prepare_candidate(filter_)
+            resident.prepare_candidate()
         except BaseException as exc:
             error = exc  # reported on the exec's stderr, once there is one
         try:

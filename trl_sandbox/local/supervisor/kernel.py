@@ -73,6 +73,7 @@ DENIED = {
 DENY_MODE = {"shmget": (29, 194), "msgget": (68, 186), "semget": (64, 190), "memfd_create": (319, 279),
              "mq_open": (240, 180)}
 CLONE, CLONE3 = (56, 220), (435, 435)
+UNSHARE = DENIED["unshare"]
 # prlimit64 on another process needs only the same uid (no ptrace access, so non-dumpable is no
 # shield): a program could lower the supervisor's or the judge's limits (descriptors, CPU, address
 # space) and break the next program. Allowed on itself (pid 0, what setrlimit() sends) and to read.
@@ -125,14 +126,17 @@ def check(result, what):
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
-def seccomp_program(machine, memory_mode, protect=None):
+def seccomp_program(machine, memory_mode, protect=None, fresh_ipc=False):
     """The BPF program (bytes of ``struct sock_filter``) for this machine and memory mode; with
     ``protect``, the pids that no signal from the filtered process may reach (a resident judge and
-    the candidates' forker)."""
+    the candidates' forker). ``fresh_ipc``: ``unshare(CLONE_NEWIPC)``, with exactly that flag, is
+    let through to the kernel, for a filter that a process with ``CAP_SYS_ADMIN`` (the forker)
+    takes on itself so that its children inherit it; they then make their IPC namespace under it,
+    and drop the capability, after which the kernel refuses the call (EPERM, as the filter would)."""
     if machine not in ARCHES:
         raise OSError(EPERM, f"no seccomp filter for the architecture {machine!r} (x86_64 and aarch64 have one)")
     column, audit_arch = ARCHES[machine]
-    denied = [nrs[column] for nrs in DENIED.values()]
+    denied = [nrs[column] for name, nrs in DENIED.items() if not (fresh_ipc and name == "unshare")]
     if memory_mode == "deny":
         denied += [nrs[column] for nrs in DENY_MODE.values()]
     if protect is not None:
@@ -164,10 +168,18 @@ def seccomp_program(machine, memory_mode, protect=None):
     numbers = sorted(set(n for n in denied if n is not None))
     # The calls programs make most (read, write, mmap, ... on x86_64) are below every number
     # this filter looks at: allow them after one comparison instead of a walk down the list.
-    op(JGE, min(numbers + [CLONE[column], CLONE3[column], PRLIMIT64[column]]), 1, 0)
+    op(JGE, min(numbers + [CLONE[column], CLONE3[column], PRLIMIT64[column], UNSHARE[column]]), 1, 0)
     op(RET, RET_ALLOW)
     for nr in numbers:
         op(JEQ, nr, 0, 1)
+        op(RET, RET_ERRNO | EPERM)
+    if fresh_ipc:
+        op(JEQ, UNSHARE[column], 0, 6)
+        op(LD_ABS, 16)                 # unshare: the flags, low half
+        op(JEQ, CLONE_NEWIPC, 0, 3)
+        op(LD_ABS, 20)                 # high half
+        op(JEQ, 0, 0, 1)
+        op(RET, RET_ALLOW)             # CLONE_NEWIPC alone: the kernel asks for CAP_SYS_ADMIN
         op(RET, RET_ERRNO | EPERM)
     op(JEQ, PRLIMIT64[column], 0, 10)
     op(LD_ABS, 16)                     # prlimit64: pid, low half
@@ -251,13 +263,29 @@ class Filter:
 
 def protecting(*pids):
     """The filter of a program that no signal of its may reach ``pids`` (a resident judge, the
-    candidates' forker)."""
-    return Filter(seccomp_program(os.uname().machine, PREPARED.memory_mode, protect=pids))
+    candidates' forker), made to be inherited: the forker takes it on (``take_filter``) and every
+    candidate it forks has it from birth (``enter_program(INHERITED)``)."""
+    p = PREPARED
+    return Filter(seccomp_program(os.uname().machine, p.memory_mode, protect=pids, fresh_ipc=p.fresh_ipc))
+
+
+INHERITED = object()  # enter_program's ``seccomp`` when the forking process has the filter already
+
+
+def take_filter(seccomp):
+    """Put ``seccomp`` on this process, which keeps its capabilities (the forker).
+
+    Every process that attaches a filter pays for the kernel to translate and compile it, about a
+    third of a millisecond for ours (more than the fork itself); children inherit their parent's
+    filter for nothing. No ``PR_SET_NO_NEW_PRIVS`` here: ``CAP_SYS_ADMIN`` allows a filter without
+    it, and the children set it themselves."""
+    check(PREPARED.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, seccomp.ref, 0, 0), "seccomp")
 
 
 def enter_program(seccomp=None):
     """In the forked child: a fresh IPC namespace (where IPC is allowed), no capabilities, the
-    seccomp filter (``seccomp``: a ``Filter`` in place of the usual one)."""
+    seccomp filter (``seccomp``: a ``Filter`` in place of the usual one; ``INHERITED``: the
+    parent's, which the child has already)."""
     p = PREPARED
     if p.fresh_ipc:
         check(p.unshare(CLONE_NEWIPC), "unshare(CLONE_NEWIPC)")
@@ -267,7 +295,8 @@ def enter_program(seccomp=None):
     check(prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "PR_CAP_AMBIENT_CLEAR_ALL")
     check(p.capset(*p.cap_refs), "capset")
     check(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "PR_SET_NO_NEW_PRIVS")
-    check(prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, p.fprog_ref if seccomp is None else seccomp.ref, 0, 0), "seccomp")
+    if seccomp is not INHERITED:
+        check(prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, p.fprog_ref if seccomp is None else seccomp.ref, 0, 0), "seccomp")
 
 
 # -- the scratch mounts ------------------------------------------------------------------------

@@ -294,13 +294,13 @@ def wire_candidate(fds):
     os.closerange(5, S.FD_LIMIT)
 
 
-def prepare_candidate(filter_):
+def prepare_candidate():
     """A candidate's own process group, limits and clean kernel (the forker has made it a fresh
-    interpreter state and chosen its OOM score)."""
+    interpreter state, chosen its OOM score and given it its seccomp filter)."""
     os.setpgid(0, 0)
     os.chdir("/")
     apply_limits()
-    kernel.enter_program(filter_)
+    kernel.enter_program(kernel.INHERITED)
     kernel.PREPARED.prctl(kernel.PR_SET_DUMPABLE, 0, 0, 0, 0)  # as a candidate forked by the judge
 
 
