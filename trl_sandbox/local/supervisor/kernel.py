@@ -299,6 +299,16 @@ def enter_program(seccomp=None):
         check(prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, p.fprog_ref if seccomp is None else seccomp.ref, 0, 0), "seccomp")
 
 
+def release_free_heap():
+    """Give the malloc heap's free pages back to the kernel (glibc's ``malloc_trim``; elsewhere
+    nothing). A fork copies the page-table entry of every resident private page and the child's
+    exit unmaps them all: in the candidates' forker a trim leaves about a seventh fewer, and a
+    page malloc hands out again later is a fresh zero page, not a copy-on-write fault."""
+    trim = getattr(libc(), "malloc_trim", None)
+    if trim is not None:
+        trim(0)
+
+
 # -- the scratch mounts ------------------------------------------------------------------------
 
 MOUNTED = set()  # the places where the tmpfs on top is ours (and can be unmounted)
