@@ -29,6 +29,7 @@ import random
 import time
 from typing import Any
 
+from .loop import within
 from .sandbox import (
     ConfigError,
     ExecResult,
@@ -212,11 +213,9 @@ class PoolHealing:
         deadline = (bound(timeout) if callable(bound) else timeout) + self.settings.exec_slack_s
         try:
             for path, data in files:
-                await asyncio.wait_for(sandbox.write_file(path, data), deadline)
+                await within(sandbox.write_file(path, data), deadline)
             t0 = time.perf_counter()
-            result = await asyncio.wait_for(
-                sandbox.exec(argv, stdin=stdin, timeout=timeout, cwd=cwd, env=env), deadline
-            )
+            result = await within(sandbox.exec(argv, stdin=stdin, timeout=timeout, cwd=cwd, env=env), deadline)
         except asyncio.TimeoutError as exc:
             raise _Lost(f"sandbox {sandbox.id} did not answer within {deadline:.1f} s") from exc
         except SandboxGoneError as exc:
@@ -258,7 +257,7 @@ class PoolHealing:
         attempts = max(1, self.settings.reset_attempts)
         for attempt in range(1, attempts + 1):
             try:
-                await asyncio.wait_for(sandbox.reset(), self.settings.reset_timeout_s)
+                await within(sandbox.reset(), self.settings.reset_timeout_s)
                 break
             except asyncio.CancelledError:
                 raise
