@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from .idle_queue import IdleQueue
 from .loop import LoopThread
 from .pool_heal import PoolHealing, _Broken, _Lost, _Transient
 from .pool_settings import PoolSettings, PoolStats, percentile
@@ -81,7 +82,7 @@ class SandboxPool(PoolHealing):
         self.stats = PoolStats()
         self._stats_lock = threading.Lock()
         self._loop: LoopThread | None = None
-        self._idle: asyncio.Queue[Sandbox] | None = None
+        self._idle: IdleQueue[Sandbox] | None = None
         self._members: dict[str, Sandbox] = {}
         self._born: dict[str, float] = {}
         self._pending_creates = 0
@@ -332,23 +333,9 @@ class SandboxPool(PoolHealing):
     async def _next_idle(self) -> Sandbox:
         """The next idle sandbox; ``InfraError`` after the lease timeout, or at once when the pool
         has lost every sandbox and cannot create one (waiting longer would only delay the ``None``)."""
-        if not self._idle.empty():  # the warm path: no futures, no waiting
-            return self._idle.get_nowait()
-        getter = asyncio.ensure_future(self._idle.get())
-        failed = asyncio.ensure_future(self._failed.wait())
-        try:
-            await asyncio.wait({getter, failed}, timeout=self.settings.lease_timeout_s,
-                               return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:  # cancelled: a sandbox already taken goes back, not astray
-            if getter.done() and not getter.cancelled():
-                self._idle.put_nowait(getter.result())
-            raise
-        finally:
-            failed.cancel()
-            if not getter.done():
-                getter.cancel()  # asyncio.Queue hands a pending item to the next getter
-        if getter.done() and not getter.cancelled():
-            return getter.result()
+        sandbox = await self._idle.get(self.settings.lease_timeout_s)
+        if sandbox is not None:
+            return sandbox
         self._raise_if_unavailable()
         detail = f"; last create error: {self._last_create_error}" if self._last_create_error else ""
         raise InfraError(f"no sandbox became free within {self.settings.lease_timeout_s:.0f} s{detail}")

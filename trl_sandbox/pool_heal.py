@@ -29,6 +29,7 @@ import random
 import time
 from typing import Any
 
+from .idle_queue import IdleQueue
 from .loop import within
 from .sandbox import (
     ConfigError,
@@ -101,7 +102,7 @@ class PoolHealing:
         )
         self._count("outages")
         log.error("%s", self._fatal_error)
-        self._failed.set()  # wakes jobs waiting for a sandbox when none is left
+        self._idle.fail()  # wakes jobs waiting for a sandbox when none is left
 
     @property
     def outage(self) -> SandboxOutageError | None:
@@ -113,9 +114,8 @@ class PoolHealing:
     # -- creating --------------------------------------------------------------------------------
 
     async def _astart(self) -> None:
-        self._idle = asyncio.Queue()
+        self._idle = IdleQueue()  # failed while no sandbox exists and none can be created
         self._ready = asyncio.Event()
-        self._failed = asyncio.Event()  # set while no sandbox exists and none can be created
         self._semaphore = asyncio.Semaphore(max(1, self.settings.create_concurrency))
         s = self.settings
         self._host_limiter = None
@@ -150,7 +150,7 @@ class PoolHealing:
                     log.warning("could not create a sandbox: %s", exc)
                     if not self._members:
                         self._fatal_error = exc
-                        self._failed.set()
+                        self._idle.fail()
                     return
                 except BaseException as exc:  # transient, or a provider bug: both worth another try
                     self._note_create_failure(exc)
@@ -196,7 +196,7 @@ class PoolHealing:
         self._born[sandbox.id] = time.perf_counter()
         self._failing_since = None
         self._fatal_error = None
-        self._failed.clear()
+        self._idle.clear_failed()
         self.ever_up = True
         self._count("created")
         self._ready.set()
