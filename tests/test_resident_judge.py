@@ -405,7 +405,7 @@ def tries():
     filters = [line.split()[-1] for line in open("/proc/self/status") if line.startswith("Seccomp_filters:")]
     return {"ipc": unshare(0x08000000), "ipc_and_high_bits": unshare(0x08000000 | 1 << 32),
             "user": unshare(0x10000000), "user_and_ipc": unshare(0x18000000), "mounts": unshare(0x00020000),
-            "filters": filters}
+            "filters": filters, "dumpable": libc.prctl(3, 0, 0, 0, 0)}  # PR_GET_DUMPABLE
 def f(x):
     return json.dumps(tries())
 '''
@@ -426,7 +426,8 @@ def test_candidates_inherit_the_forkers_filter_and_cannot_use_its_one_exception(
         box = h.create()
         tried = json.loads(returned(box, UNSHARES))
         EPERM = -1
-        assert {k: v for k, v in tried.items() if k != "filters"} == {
+        assert tried["dumpable"] == 0  # inherited from the forker: /proc/<pid>/mem and fd are root's
+        assert {k: v for k, v in tried.items() if k not in ("filters", "dumpable")} == {
             "ipc": EPERM, "ipc_and_high_bits": EPERM, "user": EPERM, "user_and_ipc": EPERM, "mounts": EPERM}, tried
         assert tried["filters"] in ([], ["1"]), tried  # one filter, the forker's (older kernels: no line)
         judge, forker = resident(box)
@@ -439,6 +440,9 @@ def test_candidates_inherit_the_forkers_filter_and_cannot_use_its_one_exception(
         if os.geteuid() == 0:
             assert control["ipc"] == control["user"] == control["mounts"] == 0, control
         assert control["ipc_and_high_bits"] == -22, control  # EINVAL from the kernel, not EPERM
+        assert control["dumpable"] == 1
+        plain = box.py("import ctypes; print(ctypes.CDLL(None).prctl(3, 0, 0, 0, 0))")
+        assert plain.stdout == "1\n", plain  # a plain program in the sandbox is dumpable, as after execve
 
 
 def ns_pid_of(pid):

@@ -61,11 +61,12 @@ def child_setup(job):
         os.environ.update(env)
 
 
-def apply_limits(skip=()):
+def apply_limits(skip=(), only=None):
     setrlimit = resource.setrlimit
     skipped = [getattr(resource, n) for n in skip]
+    wanted = None if only is None else [getattr(resource, n) for n in only]
     for name, soft, hard in S.RLIMITS:
-        if name in skipped:
+        if name in skipped or (wanted is not None and name not in wanted):
             continue
         try:
             setrlimit(name, (soft, hard))

@@ -36,7 +36,7 @@ import struct
 from . import kernel
 from . import state as S
 from .budget import stat_fields, ticks_of
-from .child import EXIT_CANNOT_RUN, child_fail
+from .child import EXIT_CANNOT_RUN, apply_limits, child_fail
 
 PID = None  # the forker's pid, while one runs
 SOCKET = None  # PID 1's end of its socket
@@ -140,7 +140,12 @@ def run_forker(job):
 
     _, main, sock = job
     sock = resident.settle_helper(sock, devnull_at=0)  # its OOM score and interpreter state are inherited
-    kernel.take_filter(kernel.protecting(resident.PID, os.getpid()))  # its candidates inherit it
+    # What every candidate would set up alike is set up here once, and inherited: the program's
+    # limits but CPU seconds (which count per process: each candidate sets its own), an empty
+    # bounding set, no new privileges, the candidates' filter, non-dumpable.
+    apply_limits(skip=("RLIMIT_CPU",))
+    kernel.shed_inheritable()
+    kernel.take_filter(kernel.protecting(resident.PID, os.getpid()))
     kernel.PREPARED.prctl(kernel.PR_SET_DUMPABLE, 0, 0, 0, 0)
     gc.freeze()  # what PID 1 made since it last froze: no candidate's collector scans it
     kernel.release_free_heap()  # fewer pages to copy at every fork and to unmap at every exit

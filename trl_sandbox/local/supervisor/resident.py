@@ -295,13 +295,13 @@ def wire_candidate(fds):
 
 
 def prepare_candidate():
-    """A candidate's own process group, limits and clean kernel (the forker has made it a fresh
-    interpreter state, chosen its OOM score and given it its seccomp filter)."""
+    """A candidate's own process group, CPU limit and clean kernel. The forker has set up the rest
+    for all of them (``forker.run_forker``): a fresh interpreter state, ``/`` as working directory,
+    the OOM score, the other limits, the seccomp filter, an empty bounding set, no new privileges,
+    non-dumpable (a process that only drops capabilities stays so)."""
     os.setpgid(0, 0)
-    os.chdir("/")
-    apply_limits()
-    kernel.enter_program(kernel.INHERITED)
-    kernel.PREPARED.prctl(kernel.PR_SET_DUMPABLE, 0, 0, 0, 0)  # as a candidate forked by the judge
+    apply_limits(only=("RLIMIT_CPU",))
+    kernel.enter_candidate()
 
 
 def serve_candidate(main, path):
