@@ -79,13 +79,20 @@ def call_spec(func: str, inputs: Sequence[Any], *, single_argument: bool = True)
 def check_spec(
     tests: Sequence[str], *, setup: str = "", bind: Sequence[str] = (), bind_defined: Sequence[str] = ()
 ) -> dict[str, Any]:
-    """Check mode: run trusted ``tests`` in the judge with ``bind`` names forwarded to the candidate."""
+    """Check mode: run trusted ``tests`` in the judge with ``bind`` names forwarded to the candidate.
+
+    A single test's leading calls, where its text makes them certain, are worked out here and sent
+    ahead by the judge (``judge_prefetch``)."""
+    from .judge_prefetch import predicted_calls
+
+    tests = list(tests)
     return {
         "mode": "check",
         "setup": setup,
-        "tests": list(tests),
+        "tests": tests,
         "bind": list(bind),
         "bind_defined": list(bind_defined),
+        "predicted": predicted_calls(tests[0], setup, bind) if len(tests) == 1 else [],
     }
 
 

@@ -276,10 +276,21 @@ def _candidate(spec, rfd, wfd, type_modified=None):
     except BaseException as exc:
         message = ("load_error", type(exc).__name__, _exc_text(exc))
     send(message)
+    # Requests may come several at once (the calls a test certainly makes, sent ahead): one read
+    # takes whatever is there, and each is served in turn.
+    pending = b""
     while True:
         try:
-            header = _read_exact(rfd, 4)
-            request = _pickle.loads(_read_exact(rfd, _int_from_bytes(header, "big")))
+            while len(pending) < 4:
+                chunk = os.read(rfd, 1 << 16)
+                if not chunk:
+                    raise EOFError("the judge closed the pipe")
+                pending += chunk
+            end = 4 + _int_from_bytes(pending[:4], "big")
+            if len(pending) < end:
+                pending += _read_exact(rfd, end - len(pending))
+            request = _pickle.loads(pending[4:end])
+            pending = pending[end:]
         except BaseException:
             os._exit(0)
         seq, name, args, kwargs = request

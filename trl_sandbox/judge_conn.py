@@ -32,6 +32,26 @@ class _Protocol(BaseException):
     """The candidate process sent something that is not a valid message."""
 
 
+class _Mispredicted(BaseException):
+    """A call differs from the one the host predicted and the judge already sent: the judge's own
+    fault (the candidate may be running calls the test does not make), reported as a task error."""
+
+
+# The requests sent ahead go in one write that an empty pipe takes whole (PIPE_BUF is 4096): the
+# judge never blocks on it while the candidate's replies wait for it to read them.
+_AHEAD_BYTES = 3584
+
+
+def _canonical(request):
+    """A request pickled without the memo: equal calls give equal bytes, whatever objects their
+    arguments share (how predicted calls are sent, and how a call is matched with one)."""
+    out = io.BytesIO()
+    pickler = _pickle.Pickler(out, 4)
+    pickler.fast = True
+    pickler.dump(request)
+    return out.getvalue()
+
+
 class CandidateError(Exception):
     """An exception raised by the candidate's code (``kind`` "raise"), or a result that is not plain
     data (``kind`` "not_plain"), re-raised in the judge's test code with the same text."""
@@ -77,7 +97,26 @@ class _Conn:
         self.max_bytes = max_bytes
         self.seq = 0
         self.failure = None
+        self.ahead = []  # predicted requests, in order, not yet matched with a call of the test
+        self.ahead_sent = False
+        self.pending = b""  # bytes read past the last message (the replies come in a stream)
         os.set_blocking(wfd, False)
+
+    def predict(self, calls):
+        """The calls the test will make first, worked out by the host from its text
+        (``trl_sandbox.judge_prefetch``). They are sent together at the test's first call, if it is
+        the first of them; the candidate then answers one after another without waiting for us."""
+        ahead, size = [], 0
+        try:
+            for i, (name, args, kwargs) in enumerate(calls, 1):
+                data = _canonical((self.seq + i, str(name), tuple(args), dict(kwargs)))
+                size += 4 + len(data)
+                if size > _AHEAD_BYTES:
+                    break
+                ahead.append(data)
+        except Exception:
+            ahead = []
+        self.ahead = ahead if len(ahead) > 1 else []
 
     @staticmethod
     def loads(data):
@@ -102,17 +141,24 @@ class _Conn:
         return left
 
     def _read(self, n):
-        chunks = []
-        while n > 0:
+        if len(self.pending) >= n:
+            data, self.pending = self.pending[:n], self.pending[n:]
+            return data
+        chunks, have = [self.pending], len(self.pending)
+        while have < n:
             ready, _, _ = select.select([self.rfd], [], [], self._remaining())
             if not ready:
                 continue  # the budget is looked at again (and raises when it is spent)
-            chunk = os.read(self.rfd, min(n, 1 << 20))
+            # Replies stream in: whatever is there already is read with this one (small reads
+            # ahead; a large message is read to its size, a megabyte at a time).
+            chunk = os.read(self.rfd, min(max(n - have, 1 << 16), 1 << 20))
             if not chunk:
                 raise _Exited()
             chunks.append(chunk)
-            n -= len(chunk)
-        return b"".join(chunks)
+            have += len(chunk)
+        data = b"".join(chunks)
+        self.pending = data[n:]
+        return data[:n]
 
     def _write(self, data):
         view = memoryview(data)
@@ -152,11 +198,14 @@ class _Conn:
         if self.failure is not None:
             raise _Dead()
         self.seq += 1
-        data = _pickle.dumps((self.seq, name, args, kwargs), protocol=4)
-        try:
-            self._write(len(data).to_bytes(4, "big") + data)
-        except (_Timeout, _Exited) as exc:
-            self._fail(exc)
+        if self.ahead:
+            self._take_predicted(name, args, kwargs)
+        else:
+            data = _pickle.dumps((self.seq, name, args, kwargs), protocol=4)
+            try:
+                self._write(len(data).to_bytes(4, "big") + data)
+            except (_Timeout, _Exited) as exc:
+                self._fail(exc)
         reply = self.recv()
         try:
             if reply[1] != self.seq:
@@ -170,6 +219,34 @@ class _Conn:
             self._fail(exc)
         except Exception:
             self._fail(_Protocol("a malformed reply"))
+
+    def _take_predicted(self, name, args, kwargs):
+        """This call is the next predicted one: send them all if not yet done, else nothing (its
+        request is on its way). A first call that differs drops the prediction (nothing was sent);
+        a later one is the judge's error (``_Mispredicted``)."""
+        try:
+            data = _canonical((self.seq, name, args, kwargs))
+        except Exception:
+            data = None
+        if data != self.ahead[0]:
+            if self.ahead_sent:
+                self.ahead = []
+                raise _Mispredicted("call %d of the test is not the one predicted and sent ahead" % self.seq)
+            self.ahead = []
+            data = _pickle.dumps((self.seq, name, args, kwargs), protocol=4)
+            try:
+                self._write(len(data).to_bytes(4, "big") + data)
+            except (_Timeout, _Exited) as exc:
+                self._fail(exc)
+            return
+        if not self.ahead_sent:
+            self.ahead_sent = True
+            try:  # a few kilobytes at most (the host's limit): an empty pipe takes them whole
+                self._write(b"".join(len(d).to_bytes(4, "big") + d for d in self.ahead))
+            except (_Timeout, _Exited) as exc:
+                self.ahead = []
+                self._fail(exc)
+        del self.ahead[0]
 
     def call(self, name, args, kwargs):
         """One call from test code: the plain result, or the candidate's exception re-raised."""

@@ -55,7 +55,7 @@ if "_start_candidate" not in globals():
         _write_all,
     )
     from trl_sandbox.judge_clock import _Clock
-    from trl_sandbox.judge_conn import CandidateError, _Conn, _Dead, _Proxy
+    from trl_sandbox.judge_conn import CandidateError, _Conn, _Dead, _Mispredicted, _Proxy
 
 # Set where the judge stays resident across programs (the local sandbox's): the candidate process
 # is already forked (see ``_serve_candidate``); this sends it its part of the payload and returns
@@ -72,6 +72,7 @@ _NOT_RUN = {"ok": False, "kind": "not_run", "message": "not run"}
 def _run_call(conn, spec):
     results = []
     name = spec["func"]
+    conn.predict([(name, args, kwargs) for args, kwargs in spec["calls"]])  # every call is known
     for args, kwargs in spec["calls"]:
         if conn.failure is not None:
             results.append(_NOT_RUN)
@@ -122,6 +123,8 @@ def _run_check(conn, spec, defined):
         if name in defined:
             namespace[name] = _Proxy(conn, name)
     results = []
+    if len(spec["tests"]) == 1:  # a test ends at its first failure: nothing after it is read
+        conn.predict(spec.get("predicted") or ())
     for test in spec["tests"]:
         if conn.failure is not None:
             results.append(_NOT_RUN)
@@ -129,6 +132,8 @@ def _run_check(conn, spec, defined):
         try:
             exec(_compiled(test, "<test>"), namespace)
             result = {"ok": True}
+        except _Mispredicted:
+            raise
         except _Dead:
             result = None
         except CandidateError as exc:
@@ -212,6 +217,8 @@ def main():
                 verdict["tests"] = _run_call(conn, judge_spec)
             else:
                 verdict["tests"] = _run_check(conn, judge_spec, defined)
+        except _Mispredicted as exc:  # the judge's own error: never the candidate's fault
+            verdict["task_error"] = "the judge: %s" % _exc_text(exc)
         except Exception as exc:  # the task's own setup or tests are broken
             verdict["task_error"] = "%s: %s" % (type(exc).__name__, _exc_text(exc))
     conn.kill()  # nothing the candidate does from here on can reach the verdict
