@@ -255,3 +255,38 @@ def test_humaneval_verdicts_are_the_same_with_and_without_the_prediction(box):
             assert outcomes[0].detail == outcomes[1].detail, (problem["task_id"], completion, outcomes)
             if completion == problem["canonical_solution"]:
                 assert outcomes[0].status == "passed", (problem["task_id"], outcomes[0])
+
+
+FORGER = textwrap.dedent('''
+    import os, pickle, sys
+    def f(x):
+        # Read the requests sent ahead (from the serving loop's frame) and answer all of them at once,
+        # outside the calls, with what the candidate chooses: here the argument itself.
+        frame = sys._getframe(1)
+        while frame is not None and "pending" not in frame.f_locals:
+            frame = frame.f_back
+        pending = frame.f_locals["pending"] if frame is not None else b""
+        found = [(1, x)]
+        while len(pending) >= 4:
+            n = int.from_bytes(pending[:4], "big")
+            seq, _, args, _ = pickle.loads(pending[4:4 + n])
+            found.append((seq, args[0]))
+            pending = pending[4 + n:]
+        for seq, value in found:
+            data = pickle.dumps(("ok", seq, pickle.dumps(value)))
+            os.write(4, len(data).to_bytes(4, "big") + data)
+        return x
+''')
+
+
+def test_replies_forged_for_the_calls_sent_ahead_win_nothing(box):
+    """A candidate can see the calls sent ahead and answer them outside its function; what it
+    answers is still compared by the judge, so it gains nothing over returning the same values,
+    and the reply its function then sends is out of sequence."""
+    test = "def check(candidate):\n" + "".join(f"    assert candidate({i}) == {i + 1}\n" for i in range(6)) + "check(f)\n"
+    forged = run(box, FORGER, [test])
+    assert forged.status in ("failed", "error") and forged.passed == 0, forged
+    assert run(box, "def f(x):\n    return x + 1\n", [test]).status == "passed"  # control
+    # Forged right answers pass only where returning them would: equal to an honest function.
+    right = FORGER.replace('found = [(1, x)]', 'found = [(1, x + 1)]').replace("found.append((seq, args[0]))", "found.append((seq, args[0] + 1))")
+    assert run(box, right, [test + "assert f(7) == 8\n"]).status in ("failed", "error")  # a later live call sees the forgery
