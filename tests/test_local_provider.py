@@ -485,3 +485,22 @@ def test_closing_pools_leaves_asyncio_child_watching_undisturbed(caplog):
             for _ in range(5):
                 assert pool.run(["python3", "-c", "print(1)"], timeout=5).stdout == "1\n"
     assert not [r.getMessage() for r in caplog.records if r.name == "asyncio"]
+
+
+def test_a_pool_resets_a_local_sandbox_at_check_in_and_replaces_a_dead_one():
+    """The pool takes a local sandbox back without a task of its own (``defer_reset``): the next
+    lease still starts clean, and a sandbox that died meanwhile is still replaced, not reused."""
+    from trl_sandbox.pool import SandboxPool
+
+    with SandboxPool.open(LocalProvider(), size=1) as pool:
+        wrote = pool.run(["sh", "-c", "echo x > left.txt; ls"], timeout=10)
+        assert wrote.stdout == "left.txt\n"
+        assert pool.run(["ls"], timeout=10).stdout == ""  # reset between the two leases
+        (sandbox,) = list(pool._members.values())
+        assert sandbox.defer_reset() is True  # the fast path is the one taken for local sandboxes
+        os.kill(sandbox._proc.pid, signal.SIGKILL)  # bwrap, and the sandbox with it
+        assert wait_for(lambda: sandbox._proc.returncode is not None or not sandbox._usable(), timeout=10)
+        assert pool.run(["echo", "ok"], timeout=10).stdout == "ok\n"  # on a replacement
+        assert sandbox.defer_reset() is False  # (control: a dead sandbox is not reset at once)
+        (replacement,) = list(pool._members.values())
+        assert replacement.id != sandbox.id

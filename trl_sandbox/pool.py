@@ -349,8 +349,21 @@ class SandboxPool(PoolHealing):
             return  # already replaced, or the pool was closed (and destroyed it) meanwhile
         if broken or self._closed:
             self._spawn(self._replace(sandbox))
+        elif self._reset_at_once(sandbox):
+            self._idle.put_nowait(sandbox)  # straight to the next job waiting, if one is
         else:
             self._spawn(self._recycle(sandbox))
+
+    @staticmethod
+    def _reset_at_once(sandbox: Sandbox) -> bool:
+        """A sandbox whose reset needs no round trip (the local one sends it with its next
+        request, ``defer_reset``) is reset here, without a task of its own: a few scheduling
+        rounds of host CPU less per job, and the next job's request leaves sooner."""
+        defer = getattr(sandbox, "defer_reset", None)
+        try:
+            return callable(defer) and defer() is True
+        except Exception:
+            return False
 
     # -- running a job ---------------------------------------------------------------------------
 

@@ -354,6 +354,15 @@ class LocalSandbox:
             self._check()
             self._reset_due = True
 
+    def defer_reset(self) -> bool:
+        """``reset`` without awaiting, for a pool taking the sandbox back: True when the reset is
+        now due with the next request; False when the sandbox is busy or dead (the pool then
+        resets it the usual way, and replaces it if that fails)."""
+        if self._lock.locked() or not self._usable():
+            return False
+        self._reset_due = True
+        return True
+
     async def alive(self) -> bool:
         if not self._usable():
             return False
