@@ -29,10 +29,13 @@ Modes (from the judge part):
           input; each result travels back to the host as a pickle that the host decodes the same
           restricted way and compares with the expected value computed from the task's reference.
 ``check`` ``{"mode": "check", "setup": CODE, "tests": [CODE, ...], "bind": [NAME, ...],
-          "bind_defined": [NAME, ...]}``: exec the trusted ``setup`` (e.g. a HumanEval prompt, for
-          helpers such as ``poly``) in the judge's own namespace, bind each name of ``bind`` (and of
-          ``bind_defined`` that the candidate defines) to a proxy that forwards calls to the
-          candidate process, then exec each test; a test passes when it raises nothing.
+          "bind_defined": [NAME, ...], "predicted": [(NAME, args, kwargs), ...]}``: exec the
+          trusted ``setup`` (e.g. a HumanEval prompt, for helpers such as ``poly``) in the judge's
+          own namespace, bind each name of ``bind`` (and of ``bind_defined`` that the candidate
+          defines) to a proxy that forwards calls to the candidate process, then exec each test; a
+          test passes when it raises nothing. ``predicted``: the calls a single test certainly
+          makes first, sent to the candidate together at the first of them
+          (``trl_sandbox.judge_prefetch``); call mode sends its calls ahead the same way.
 """
 
 import _json
