@@ -7,8 +7,8 @@ hang; ``close()`` destroys everything the pool created, and a final sweep by run
 sandboxes whose ``create`` timed out after the provider had already made them.
 
 This module is the leasing half (who gets which sandbox, and what a job's failure means for the
-sandbox it ran on); ``pool_heal.py`` is the healing half (creating with backoff, the outage
-budget, resets, replacements, the health loop, teardown).
+sandbox it ran on); ``pool_heal.py`` the healing half (creating with backoff, the outage budget,
+resets, replacements, the health loop); ``pool_close.py`` the teardown.
 
 The pool runs on its own event loop thread (``loop.LoopThread``). ``run``/``close`` are
 synchronous and thread-safe; ``aexec`` can be awaited from any loop.
@@ -28,6 +28,7 @@ from typing import Any
 
 from .idle_queue import IdleQueue
 from .loop import LoopThread
+from .pool_close import PoolClosing
 from .pool_heal import PoolHealing, _Broken, _Lost, _Transient
 from .pool_settings import PoolSettings, PoolStats, percentile
 from .sandbox import (
@@ -47,7 +48,7 @@ log = logging.getLogger("trl_sandbox.pool")
 __all__ = ["PoolSettings", "PoolStats", "SandboxPool", "percentile"]
 
 
-class SandboxPool(PoolHealing):
+class SandboxPool(PoolHealing, PoolClosing):
     """A fixed-size pool of warm sandboxes of one provider.
 
     Create it cheaply (it builds nothing), ``start()`` it when work begins, ``close()`` it in a
@@ -353,17 +354,6 @@ class SandboxPool(PoolHealing):
             self._idle.put_nowait(sandbox)  # straight to the next job waiting, if one is
         else:
             self._spawn(self._recycle(sandbox))
-
-    @staticmethod
-    def _reset_at_once(sandbox: Sandbox) -> bool:
-        """A sandbox whose reset needs no round trip (the local one sends it with its next
-        request, ``defer_reset``) is reset here, without a task of its own: a few scheduling
-        rounds of host CPU less per job, and the next job's request leaves sooner."""
-        defer = getattr(sandbox, "defer_reset", None)
-        try:
-            return callable(defer) and defer() is True
-        except Exception:
-            return False
 
     # -- running a job ---------------------------------------------------------------------------
 
