@@ -198,9 +198,7 @@ class _Conn:
         if self.failure is not None:
             raise _Dead()
         self.seq += 1
-        if self.ahead:
-            self._take_predicted(name, args, kwargs)
-        else:
+        if not (self.ahead and self._take_predicted(name, args, kwargs)):
             data = _pickle.dumps((self.seq, name, args, kwargs), protocol=4)
             try:
                 self._write(len(data).to_bytes(4, "big") + data)
@@ -221,32 +219,27 @@ class _Conn:
             self._fail(_Protocol("a malformed reply"))
 
     def _take_predicted(self, name, args, kwargs):
-        """This call is the next predicted one: send them all if not yet done, else nothing (its
-        request is on its way). A first call that differs drops the prediction (nothing was sent);
-        a later one is the judge's error (``_Mispredicted``)."""
+        """Whether this call is the next predicted one: then its request is sent with all of them
+        (the first time) or already on its way. A first call that differs drops the prediction
+        (nothing was sent: the call goes alone); a later one is the judge's error."""
         try:
             data = _canonical((self.seq, name, args, kwargs))
         except Exception:
             data = None
         if data != self.ahead[0]:
-            if self.ahead_sent:
-                self.ahead = []
+            sent, self.ahead = self.ahead_sent, []
+            if sent:
                 raise _Mispredicted("call %d of the test is not the one predicted and sent ahead" % self.seq)
-            self.ahead = []
-            data = _pickle.dumps((self.seq, name, args, kwargs), protocol=4)
-            try:
-                self._write(len(data).to_bytes(4, "big") + data)
-            except (_Timeout, _Exited) as exc:
-                self._fail(exc)
-            return
+            return False
         if not self.ahead_sent:
             self.ahead_sent = True
-            try:  # a few kilobytes at most (the host's limit): an empty pipe takes them whole
+            try:  # at most _AHEAD_BYTES (predict): an empty pipe takes them whole
                 self._write(b"".join(len(d).to_bytes(4, "big") + d for d in self.ahead))
             except (_Timeout, _Exited) as exc:
                 self.ahead = []
                 self._fail(exc)
         del self.ahead[0]
+        return True
 
     def call(self, name, args, kwargs):
         """One call from test code: the plain result, or the candidate's exception re-raised."""

@@ -28,11 +28,11 @@ Only the judge's own trusted test text is read here; the candidate's source neve
 from __future__ import annotations
 
 import ast
-import pickle
 from collections.abc import Sequence
 from typing import Any
 
 from .content_guard import parse_untrusted
+from .judge_conn import _AHEAD_BYTES, _canonical
 
 # Builtins a test may call around the candidate's results: on plain data they run no code of the
 # test's nor the candidate's. A test (or its setup) that binds one of these names loses it.
@@ -40,24 +40,11 @@ SAFE_BUILTINS = frozenset({
     "abs", "all", "any", "bool", "bytes", "complex", "dict", "float", "frozenset", "int", "isinstance",
     "len", "list", "max", "min", "repr", "round", "set", "sorted", "str", "sum", "tuple", "type",
 })
-# The calls sent ahead go in one write that an empty pipe always takes whole (PIPE_BUF): the judge
-# never blocks on it while the candidate's replies wait to be read.
-MAX_AHEAD_BYTES = 3584
+# More calls than this are not worth their place in the judge part (the judge sends at most
+# ``_AHEAD_BYTES`` of them, whatever the host predicts).
 MAX_AHEAD_CALLS = 64
 
 Call = tuple[str, tuple[Any, ...], dict[str, Any]]
-
-
-def request_bytes(seq: int, name: str, args: tuple, kwargs: dict) -> bytes:
-    """A call request as the judge sends a predicted call: pickled without the memo, so that two
-    equal calls have equal bytes whichever objects they share (``judge_conn._canonical``)."""
-    import io
-
-    buffer = io.BytesIO()
-    pickler = pickle.Pickler(buffer, protocol=4)
-    pickler.fast = True
-    pickler.dump((seq, name, args, kwargs))
-    return buffer.getvalue()
 
 
 def predicted_calls(test: str, setup: str, bind: Sequence[str]) -> list[Call]:
@@ -96,14 +83,15 @@ def predicted_calls(test: str, setup: str, bind: Sequence[str]) -> list[Call]:
 
 
 def _limit(calls: list[Call]) -> list[Call]:
+    """The leading calls that fit in the judge's one write, pickled as the judge pickles them."""
     kept: list[Call] = []
     size = 0
     for seq, (name, args, kwargs) in enumerate(calls[:MAX_AHEAD_CALLS], 1):
         try:
-            size += 4 + len(request_bytes(seq, name, args, kwargs))
+            size += 4 + len(_canonical((seq, name, args, kwargs)))
         except Exception:
             break
-        if size > MAX_AHEAD_BYTES:
+        if size > _AHEAD_BYTES:
             break
         kept.append((name, args, kwargs))
     return kept if len(kept) > 1 else []  # one call gains nothing from being sent ahead
