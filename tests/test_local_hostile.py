@@ -458,3 +458,60 @@ def test_work_handed_to_a_child_counts_against_the_candidates_budget():
         slow, control = scorer.score([program, program], [tight, generous])
     assert control.status == "passed", control  # the program is right: only its budget stops it
     assert slow.status == "timeout" and slow.reward == -1.0, slow
+
+
+DAEMON_FLOOD = """
+import os
+def f(x):
+    started = 0
+    while True:
+        try:
+            pid = os.fork()
+        except OSError:
+            break
+        if pid == 0:
+            code = 1  # no room for the sleeper: the limit is reached
+            try:
+                os.setsid()
+                if os.fork() == 0:
+                    import time
+                    time.sleep(60)
+                code = 0
+            finally:
+                os._exit(code)
+        if os.waitpid(pid, 0)[1] != 0:
+            break
+        started += 1
+    return started
+"""
+
+
+def test_a_candidate_that_fills_the_process_limit_leaves_the_next_judged_program_unharmed(box):
+    """The candidates' forker now runs under the program's process limit (it sets it once for all
+    of them): a candidate that fills that limit with detached sleepers must not keep the forker
+    from forking the next program's candidate."""
+    import base64
+
+    from trl_sandbox.judge import (
+        build_program,
+        call_spec,
+        check_outcome,
+        check_spec,
+        parse_verdict,
+        plain_loads,
+    )
+
+    def judged(source, spec):
+        program = build_program(source, spec, limit_s=5.0)
+        nonce = os.urandom(16)
+        return box.exec(list(program.argv), stdin=nonce + program.stdin, timeout=program.timeout), nonce
+
+    result, nonce = judged(DAEMON_FLOOD, call_spec("f", [0]))
+    verdict = parse_verdict(result, nonce)
+    assert verdict is not None and verdict.tests[0].get("ok"), (verdict, result)
+    started = plain_loads(base64.b64decode(verdict.tests[0]["value"]))
+    assert 0 < started < LIMITS["max_processes"], started  # control: it did run into the limit
+    for _ in range(3):
+        result, nonce = judged("def f(x):\n    return x * x\n", check_spec(["assert f(3) == 9"], bind=["f"]))
+        assert check_outcome(result, nonce, 1).status == "passed", result
+    box.reset()
