@@ -45,10 +45,11 @@ MARKS = [
 # The first mark goes before its line.
 CANDIDATE_MARKS = [
     ("    spec = _pickle.loads(_read_message(rfd))", "candidate: fork and set-up, until its code runs"),
-    ("    spec = _pickle.loads(_read_message(rfd))", "candidate: its part read"),
-    ('        code = compile(source, filename, "exec")', "candidate: bans set, completion compiled"),
+    ("    _candidate(spec, rfd, wfd, _TYPE_MODIFIED", "candidate: its part and compiled code read"),
+    ("        exec(code, namespace)", "candidate: bans set (and the completion compiled, if the judge did not)"),
     ("        exec(code, namespace)", "candidate: completion's module body run"),
 ]
+CANDIDATE_AFTER = {"candidate: completion's module body run"}  # the other marks go before their line
 CANDIDATE_REST = "candidate: calls and exit"
 FORKER = "forker: receive, fork, report, reap"
 SUPERVISOR = "supervisor: request, hand over, wait, answer"
@@ -78,11 +79,11 @@ def instrumented_judge() -> str:
         match = re.search(r"\n([ ]*)" + re.escape(anchor), src)
         assert match, f"the judge's source changed: {anchor!r} not found"
         src = src.replace(anchor, f"{anchor}\n{match.group(1)}_mark({label!r})", 1)
-    for i, (anchor, label) in enumerate(CANDIDATE_MARKS):
+    for anchor, label in CANDIDATE_MARKS:
         assert src.count(anchor) == 1, f"the candidate's source changed: {anchor!r} not found once"
         indent = anchor[: len(anchor) - len(anchor.lstrip())]
         mark = f"{indent}_cmark({label!r})"
-        src = src.replace(anchor, f"{mark}\n{anchor}" if i == 0 else f"{anchor}\n{mark}", 1)
+        src = src.replace(anchor, f"{anchor}\n{mark}" if label in CANDIDATE_AFTER else f"{mark}\n{anchor}", 1)
     src = src.replace("def main():", "def _judged_main():", 1)
     return "import os\n" + PREAMBLE + src + REPORT
 

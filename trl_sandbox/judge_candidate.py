@@ -239,8 +239,9 @@ _PRCTL = _prctl()
 _TYPE_MODIFIED = _type_modified()
 
 
-def _candidate(spec, rfd, wfd, type_modified=None):
-    """Runs in the forked candidate process; never returns."""
+def _candidate(spec, rfd, wfd, type_modified=None, code=None):
+    """Runs in the forked candidate process; never returns. ``code``: the source already compiled
+    (``_compiled_ahead``), or None to compile it here."""
     import builtins
 
     def send(message):
@@ -269,7 +270,8 @@ def _candidate(spec, rfd, wfd, type_modified=None):
             table["__import__"] = _restricted_importer(builtins.__import__, allowed)
     namespace = {"__name__": "__candidate__", "__builtins__": table}
     try:
-        code = compile(source, filename, "exec")
+        if code is None:
+            code = compile(source, filename, "exec")
         exec(code, namespace)
         defined = [k for k, v in list(_dict_items(namespace)) if isinstance(k, str) and callable(v)]
         message = ("loaded", defined)
@@ -329,13 +331,51 @@ def _close_fds_except(keep):
         low = fd + 1
 
 
+# The largest source the judge compiles for its candidate (``_compiled_ahead``); a larger one is
+# compiled by the candidate.
+_AHEAD_SOURCE_CHARS = 256 << 10
+
+
+def _compiled_ahead(spec):
+    """The candidate's source compiled by a resident judge, as marshal data; b"" to have the
+    candidate compile it itself.
+
+    A freshly forked process pays a copy-on-write fault for every page the compiler touches, about
+    as much CPU again as the compile; the resident judge's pages are its own. The judge and its
+    candidates run the same interpreter (both are forks of the sandbox's fork server), so the code
+    object is the one the candidate would have built: the same flags (none inherited), the same
+    optimisation level. Compiling runs none of the source. Anything but a clean compile (a syntax
+    error, a compile-time warning, a source too large, a compiler limit) is left to the candidate,
+    which compiles the source again and reports it as any program does, under its own limits and
+    with its stderr in place."""
+    source = _dict_get(spec, "source")
+    if type(source) is not str or len(source) > _AHEAD_SOURCE_CHARS:
+        return b""
+    import marshal
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the first warning ends the compile here
+            code = compile(source, _dict_get(spec, "filename") or "<string>", "exec", dont_inherit=True)
+        return marshal.dumps(code)
+    except Exception:
+        return b""
+
+
 def _serve_candidate(rfd, wfd):
     """The candidate process of a judge that stays resident across programs (the local sandbox's):
     forked by the sandbox's forker (a pristine copy of its fork server), not by the judge (whose
     memory holds the tests of every program it judged), it reads its part of the payload from the
-    judge first."""
+    judge first, then its code as the judge compiled it (``_compiled_ahead``; empty: compile it)."""
     spec = _pickle.loads(_read_message(rfd))
-    _candidate(spec, rfd, wfd, _TYPE_MODIFIED if spec.get("remove_methods") else None)
+    compiled = _read_message(rfd)
+    code = None
+    if compiled:
+        import marshal
+
+        code = marshal.loads(compiled)
+    _candidate(spec, rfd, wfd, _TYPE_MODIFIED if spec.get("remove_methods") else None, code)
 
 
 def _start_candidate(spec, nonce):

@@ -51,6 +51,7 @@ if "_start_candidate" not in globals():
     from trl_sandbox.judge_candidate import (
         _MAX_TEXT,
         NONCE_BYTES,
+        _compiled_ahead,
         _exc_text,
         _nondumpable,
         _read_message,
@@ -61,8 +62,9 @@ if "_start_candidate" not in globals():
     from trl_sandbox.judge_conn import CandidateError, _Conn, _Dead, _Mispredicted, _Proxy
 
 # Set where the judge stays resident across programs (the local sandbox's): the candidate process
-# is already forked (see ``_serve_candidate``); this sends it its part of the payload and returns
-# ``(pid, request fd, reply fd)``, in place of ``_start_candidate``.
+# is already forked (see ``_serve_candidate``); this sends it its part of the payload and its code
+# as the judge compiled it (``_compiled_ahead``), and returns ``(pid, request fd, reply fd)``, in
+# place of ``_start_candidate``.
 _ATTACH = None
 
 MARKER = b"@@trl-sandbox-verdict@@"
@@ -197,7 +199,7 @@ def main():
     if _ATTACH is None:
         pid, wfd, rfd = _start_candidate(candidate_spec, nonce)
     else:
-        pid, wfd, rfd = _ATTACH(candidate_part)
+        pid, wfd, rfd = _ATTACH(candidate_part, _compiled_ahead(candidate_spec))
     judge_spec = _pickle.loads(_read_message(0))
     conn = _Conn(pid, wfd, rfd, clock, int(candidate_spec.get("max_bytes", 16 << 20)))
     verdict = {"v": VERSION, "nondumpable": guarded}

@@ -324,11 +324,11 @@ def run_resident(job):
     kernel.PREPARED.prctl(kernel.PR_SET_DUMPABLE, 0, 0, 0, 0)
     current = []
 
-    def attach(candidate_part):
+    def attach(candidate_part, code):
         pid, req_w, resp_r = current
         try:
-            os.write(req_w, len(candidate_part).to_bytes(4, "big"))
-            view = memoryview(candidate_part)
+            size = len(candidate_part).to_bytes(4, "big")
+            view = memoryview(b"".join((size, candidate_part, len(code).to_bytes(4, "big"), code)))
             while view:
                 view = view[os.write(req_w, view):]
         except OSError:
