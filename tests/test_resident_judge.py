@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import random
 import signal
 import textwrap
 import time
@@ -189,6 +190,18 @@ def f(x):
     group = attempt(lambda: (os.setpgid(0, judge[0]), os.kill(0, signal.SIGSTOP)))
     return json.dumps({"control": control, "judge": hit, "everyone": everyone, "group": group})
 '''
+
+
+def test_every_candidate_draws_its_own_random_numbers(box):
+    """Candidates are forks of one forker: each must still start from a freshly seeded ``random``,
+    as a program started on its own does."""
+    source = "import random\ndef f(x):\n    random.seed(x) if x else None\n    return random.getrandbits(64)\n"
+    drawn = [returned(box, source) for _ in range(4)]
+    assert len(set(drawn)) == 4, drawn
+    # Control: the value is the generator's (a seeded one gives the host's number).
+    seeded, nonce = judged(box, source, call_spec("f", [7]))
+    test = parse_verdict(seeded, nonce).tests[0]
+    assert plain_loads(base64.b64decode(test["value"])) == random.Random(7).getrandbits(64)
 
 
 def test_a_candidate_cannot_reach_the_resident_judge(box):

@@ -176,10 +176,20 @@ def run_forker(job):
             os._exit(0)
 
 
+def _reseed():
+    """What the preloaded modules' fork hooks would have done in each child (``random``'s reseeds
+    its generator), done here before each fork as PID 1 does before its own: else every candidate
+    of this forker would draw the same random numbers. Here it costs the forker a page or two; in
+    the child it would cost about forty copy-on-write faults."""
+    for hook in S.PRE_FORK:
+        hook()
+
+
 def _fork_now(main, fds, path):
     """Fork a candidate for this exec. Its pid (-errno when no fork could be made)."""
     from . import resident
 
+    _reseed()
     try:
         pid = os.fork()
     except OSError as exc:
@@ -200,6 +210,7 @@ def _fork_waiting(main):
     from . import resident
 
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    _reseed()
     try:
         pid = os.fork()
     except OSError:
