@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -133,3 +134,37 @@ def test_an_outage_after_start_scores_none_instead_of_crashing(flaky_provider):
         assert asyncio.run(reward(prompts=["p"], completions=["1+3"], **kwargs)) == [None]
     finally:
         pool.close()
+
+
+async def _thread_name():
+    return threading.current_thread().name
+
+
+def test_a_small_result_of_a_quick_task_is_scored_on_the_loop_anything_else_on_the_scoring_thread(
+    flaky_provider, monkeypatch
+):
+    from trl_sandbox.plugins import get_task_set
+    from trl_sandbox.scoring import QUICK_SCORE_CHARS
+
+    task = get_task_set("echo")
+    where = []
+    real = type(task).score
+
+    def score(self, result, row, *, nonce=None):
+        where.append(threading.current_thread().name)
+        return real(self, result, row, nonce=nonce)
+
+    monkeypatch.setattr(type(task), "score", score)
+    big = f"'x' * {QUICK_SCORE_CHARS + 1}"
+    with SandboxPool.open(flaky_provider(), size=1, pool_settings=FAST) as pool:
+        scorer = Scorer(pool, cache_size=0)
+        loop_thread = pool.loop.run(_thread_name())
+        # A task that does not declare quick scoring: its results go to the scoring thread.
+        assert [o.status for o in scorer.score(["2+2", big], rows(("four", "4"), ("big", "x")))] == ["passed", "failed"]
+        assert len(where) == 2 and all(name.startswith("trl-sandbox-score") for name in where)
+        where.clear()
+        monkeypatch.setattr(task, "quick_score", True, raising=False)
+        outcomes = scorer.score(["2+2", "2+3", big], rows(("four", "4"), ("four", "4"), ("big", "x")))
+        assert [o.status for o in outcomes] == ["passed", "failed", "failed"]
+        assert where.count(loop_thread) == 2  # the small results, on the loop
+        assert [n for n in where if n != loop_thread][0].startswith("trl-sandbox-score")  # too much output

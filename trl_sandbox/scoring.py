@@ -90,6 +90,24 @@ def _score_all(
     return [score_guarded(task, result, row, nonce) for task, row in zip(tasks, rows)]  # type: ignore[arg-type]
 
 
+# The most output (stdout and stderr, in characters) a result may have to be scored on the pool's
+# loop, for tasks whose ``score`` only reads a verdict (``quick_score``).
+QUICK_SCORE_CHARS = 16 << 10
+
+
+def _quick(tasks: Sequence[Task | None], result: ExecResult) -> bool:
+    """Whether ``result`` is scored right away on the pool's loop instead of the scoring thread.
+
+    Model-controlled output is decoded and compared on the scoring thread, so that a crafted
+    result cannot stall the loop that drives every sandbox. A task that declares ``quick_score =
+    True`` promises that its ``score`` does work linear in the result's size and nothing else (no
+    I/O, no value decoding): a small result of such a task costs less to score than the hand-over
+    to the thread and back (about a sixth of a judged program's host CPU)."""
+    if len(result.stdout) + len(result.stderr) > QUICK_SCORE_CHARS:
+        return False
+    return all(getattr(task, "quick_score", False) is True for task in tasks)
+
+
 class Scorer:
     def __init__(
         self,
@@ -187,11 +205,12 @@ class Scorer:
                 self.cache.put(key, result, nonce)
             # Decoding and comparing what a program returned is host work on model-controlled
             # data: it runs on a worker thread, so a crafted result cannot stall the pool's loop.
-            loop = asyncio.get_running_loop()
-            scored = await loop.run_in_executor(
-                self._executor, _score_all, [tasks[i] for i in indices], result,
-                [rows_for_score[i] for i in indices], nonce,
-            )
+            group, group_rows = [tasks[i] for i in indices], [rows_for_score[i] for i in indices]
+            if _quick(group, result):
+                scored = _score_all(group, result, group_rows, nonce)
+            else:
+                loop = asyncio.get_running_loop()
+                scored = await loop.run_in_executor(self._executor, _score_all, group, result, group_rows, nonce)
             for i, outcome in zip(indices, scored):
                 finish(i, outcome)
 

@@ -81,7 +81,12 @@ class Outcome:
 
 @runtime_checkable
 class Task(Protocol):
-    """A task set. ``build``/``score`` receive one dataset row (a mapping of its columns)."""
+    """A task set. ``build``/``score`` receive one dataset row (a mapping of its columns).
+
+    Optional: ``quick_score = True`` where ``score`` only reads a verdict (work linear in the
+    result's size, no I/O, no decoding of the program's values, as ``judge.check_outcome``): the
+    scorer then scores small results on the pool's loop instead of handing them to its thread.
+    """
 
     name: str
     description: str

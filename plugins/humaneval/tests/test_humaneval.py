@@ -80,6 +80,7 @@ def test_verdicts_match_human_evals_own_harness(pool):
     ]
     timeout = 0.5
     task = HumanEvalTasks(timeout=timeout)
+    assert task.quick_score is True  # its small verdicts are scored on the pool's loop (tests/test_scoring.py)
     ours = score_cases(pool, task, [(c, {"task_id": t}) for t, c in samples])
     theirs = [check_correctness(p[t], c, timeout) for t, c in samples]
     for (task_id, completion), mine, ref in zip(samples, ours, theirs):

@@ -79,6 +79,7 @@ class HumanEvalTasks:
 
     name = "humaneval"
     description = "OpenAI HumanEval: 164 Python problems, check(candidate) per problem"
+    quick_score = True  # score() reads the judge's verdict line only (trl_sandbox.tasks.Task)
 
     def __init__(self, *, extract: str = "continue", timeout: float = DEFAULT_TIMEOUT) -> None:
         self.extract = extract
