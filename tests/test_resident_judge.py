@@ -204,6 +204,28 @@ def test_every_candidate_draws_its_own_random_numbers(box):
     assert plain_loads(base64.b64decode(test["value"])) == random.Random(7).getrandbits(64)
 
 
+WARMTH = r'''
+import socket, sys
+def quickened(code):  # CPython 3.11+: the interpreter rewrote it in place (warm-up done, caches in use)
+    return code._co_code_adaptive != code.co_code
+def f(x):
+    serving = sys._getframe(1).f_code
+    def fresh(y):
+        return y
+    fresh(1)
+    return [serving.co_name, quickened(serving), quickened(socket.recv_fds.__code__), quickened(fresh.__code__)]
+'''
+
+
+def test_a_candidate_finds_the_code_it_runs_warmed_up_by_the_fork_server(box):
+    """The fork server runs a candidate's serving and receiving code on made-up data before any
+    fork, so that no candidate writes that code's warm-up into its own pages (a fault each)."""
+    name, serving, receiving, fresh = returned(box, WARMTH)
+    assert name == "_serve_requests"
+    assert serving is True and receiving is True
+    assert fresh is False  # control: code run once in the candidate is not
+
+
 def test_a_candidate_cannot_reach_the_resident_judge(box):
     assert_square_passes(box)
     both = resident(box)

@@ -239,14 +239,15 @@ _PRCTL = _prctl()
 _TYPE_MODIFIED = _type_modified()
 
 
+def _send(wfd, message):
+    data = _pickle.dumps(message, protocol=5)
+    _write_all(wfd, _int_to_bytes(len(data), 4, "big") + data)
+
+
 def _candidate(spec, rfd, wfd, type_modified=None, code=None):
     """Runs in the forked candidate process; never returns. ``code``: the source already compiled
     (``_compiled_ahead``), or None to compile it here."""
     import builtins
-
-    def send(message):
-        data = _pickle.dumps(message, protocol=5)
-        _write_all(wfd, _int_to_bytes(len(data), 4, "big") + data)
 
     # The candidate, like ``python3 -c``, may import modules from its working directory; only its own
     # process looks there (the judge runs isolated, with everything it needs already imported).
@@ -269,15 +270,25 @@ def _candidate(spec, rfd, wfd, type_modified=None, code=None):
         if allowed is not None and "__import__" in table:
             table["__import__"] = _restricted_importer(builtins.__import__, allowed)
     namespace = {"__name__": "__candidate__", "__builtins__": table}
+    _send(wfd, _load(namespace, code, source, filename))
+    _serve_requests(namespace, rfd, wfd)
+    os._exit(0)
+
+
+def _load(namespace, code, source, filename):
+    """Run the candidate's module body in ``namespace``: the message that says how it went."""
     try:
         if code is None:
             code = compile(source, filename, "exec")
         exec(code, namespace)
         defined = [k for k, v in list(_dict_items(namespace)) if isinstance(k, str) and callable(v)]
-        message = ("loaded", defined)
+        return ("loaded", defined)
     except BaseException as exc:
-        message = ("load_error", type(exc).__name__, _exc_text(exc))
-    send(message)
+        return ("load_error", type(exc).__name__, _exc_text(exc))
+
+
+def _serve_requests(namespace, rfd, wfd):
+    """Serve the judge's call requests until it closes the pipe (or sends what cannot be read)."""
     # Requests may come several at once (the calls a test certainly makes, sent ahead): one read
     # takes whatever is there, and each is served in turn.
     pending = b""
@@ -294,7 +305,7 @@ def _candidate(spec, rfd, wfd, type_modified=None, code=None):
             request = _pickle.loads(pending[4:end])
             pending = pending[end:]
         except BaseException:
-            os._exit(0)
+            return
         seq, name, args, kwargs = request
         try:
             if name not in namespace:
@@ -307,7 +318,7 @@ def _candidate(spec, rfd, wfd, type_modified=None, code=None):
                 message = ("not_plain", seq, type(exc).__name__, _exc_text(exc))
         except BaseException as exc:
             message = ("raise", seq, type(exc).__name__, _exc_text(exc))
-        send(message)
+        _send(wfd, message)
 
 
 def _close_fds_except(keep):
@@ -376,6 +387,42 @@ def _serve_candidate(rfd, wfd):
 
         code = marshal.loads(compiled)
     _candidate(spec, rfd, wfd, _TYPE_MODIFIED if spec.get("remove_methods") else None, code)
+
+
+# Values of the kinds results usually are, for ``_warm_serving``.
+_WARM_VALUES = ([1, 2.5, "a", None, True, -3], {"k": (1, 2.0)}, "text", 7, 2.5, (1, "b"), b"x", {1, 2}, False, None)
+
+
+def _warm_serving(rounds=24):
+    """Run what every resident-judge candidate runs (reading its part and code, loading, serving
+    calls, sending results) on made-up data, in the fork server the candidates descend from: a
+    fresh fork then finds that code quickened and specialised, its names hashed and its lookups
+    cached, where it would otherwise write each of them, one copy-on-write fault per page. Trusted
+    code and made-up data only; nothing of it is kept (descriptors, modules, paths)."""
+    import builtins
+    import marshal
+
+    source = "def f(x):\n    return x\n\ndef g(*a, **k):\n    return [a, k]\n"
+    spec_data = _pickle.dumps({"source": source, "filename": "<string>"}, protocol=5)
+    code_data = _compiled_ahead({"source": source})
+    calls = [(i, "f", (v,), {}) for i, v in enumerate(_WARM_VALUES)] + [(99, "g", (1,), {"k": 2}), (100, "h", (), {})]
+    requests = b"".join(_int_to_bytes(len(d), 4, "big") + d for d in (_pickle.dumps(c, protocol=5) for c in calls))
+    for _ in range(rounds):
+        req_r, req_w = os.pipe()
+        resp_r, resp_w = os.pipe()
+        try:
+            _write_all(req_w, _int_to_bytes(len(spec_data), 4, "big") + spec_data)
+            _write_all(req_w, _int_to_bytes(len(code_data), 4, "big") + code_data + requests)
+            os.close(req_w)
+            req_w = -1
+            spec = _pickle.loads(_read_message(req_r))
+            namespace = {"__name__": "__candidate__", "__builtins__": builtins.__dict__}
+            _send(resp_w, _load(namespace, marshal.loads(_read_message(req_r)), spec["source"], "<string>"))
+            _serve_requests(namespace, req_r, resp_w)
+        finally:
+            for fd in (req_r, req_w, resp_r, resp_w):
+                if fd >= 0:
+                    os.close(fd)
 
 
 def _start_candidate(spec, nonce):

@@ -29,6 +29,7 @@ A sweep kills it with everything else; the next judged exec forks a new one.
 
 import gc
 import os
+import resource
 import select
 import socket
 import struct
@@ -129,6 +130,22 @@ def waiting(name):
 
 PREFORK = b"\0prefork"  # a request with no descriptors (a fork request always has three)
 
+# The forker's loop talks to its sockets with the C methods, not socket.send_fds/recv_fds: every
+# page it writes between two forks is a copy-on-write fault, once per candidate, and those helpers
+# (and an import statement per fork) wrote about forty more pages per candidate.
+FDS_SPACE = socket.CMSG_LEN(3 * 4)
+FD_TRIPLE = struct.Struct("3i")
+_resident = None  # the resident module, bound once by run_forker
+
+
+def _fds_of(ancillary):
+    """The descriptors of a received message's SCM_RIGHTS record."""
+    fds = []
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.extend(memoryview(data)[: len(data) - len(data) % 4].cast("i"))
+    return fds
+
 
 # -- in the forker ---------------------------------------------------------------------------------
 
@@ -136,25 +153,30 @@ PREFORK = b"\0prefork"  # a request with no descriptors (a fork request always h
 def run_forker(job):
     """The forker's loop: one candidate at a time, forked (or taken ready from a prefork),
     reported, reaped, reported."""
+    global _resident
     from . import resident
 
+    _resident = resident  # bound once: an import statement in the loop would run the import system
     _, main, sock = job
     sock = resident.settle_helper(sock, devnull_at=0)  # its OOM score and interpreter state are inherited
     # What every candidate would set up alike is set up here once, and inherited: the program's
     # limits but CPU seconds (which count per process: each candidate sets its own), an empty
     # bounding set, no new privileges, the candidates' filter, non-dumpable.
     apply_limits(skip=("RLIMIT_CPU",))
+    resident.CPU_LIMITS = tuple(limit for limit in S.RLIMITS if limit[0] == resource.RLIMIT_CPU)
     kernel.shed_inheritable()
     kernel.take_filter(kernel.protecting(resident.PID, os.getpid()))
     kernel.PREPARED.prctl(kernel.PR_SET_DUMPABLE, 0, 0, 0, 0)
     gc.freeze()  # what PID 1 made since it last froze: no candidate's collector scans it
     kernel.release_free_heap()  # fewer pages to copy at every fork and to unmap at every exit
     ready = None  # (pid, our end of its socket): a candidate set up and waiting for its exec
+    receive = sock.recvmsg
     while True:
         try:
-            path, fds, flags, _ = socket.recv_fds(sock, 1 << 16, 3)
+            path, ancillary, flags, _ = receive(1 << 16, FDS_SPACE)
         except OSError:
             os._exit(0)
+        fds = _fds_of(ancillary)
         if path == PREFORK and not fds:
             if ready is None:
                 ready = _fork_waiting(main)
@@ -187,8 +209,7 @@ def _reseed():
 
 def _fork_now(main, fds, path):
     """Fork a candidate for this exec. Its pid (-errno when no fork could be made)."""
-    from . import resident
-
+    resident = _resident
     _reseed()
     try:
         pid = os.fork()
@@ -205,10 +226,27 @@ def _fork_now(main, fds, path):
     return pid
 
 
+def warm_waiting(rounds=24):
+    """Run, here in PID 1 before any fork, what a waiting candidate runs to take its exec (a
+    socket object on its descriptor, ``socket.recv_fds``): each waiting candidate then finds that
+    code quickened and its lookups cached, where it would write them, a copy-on-write fault per
+    page (see ``judge_candidate._warm_serving`` for the rest of a candidate's path)."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        for _ in range(rounds):
+            socket.send_fds(ours, [b"/work"], [S.DEVNULL] * 3)
+            with socket.socket(fileno=os.dup(theirs.fileno())) as ready:
+                _, fds, _, _ = socket.recv_fds(ready, 1 << 16, 3)
+            for fd in fds:
+                os.close(fd)
+    finally:
+        ours.close()
+        theirs.close()
+
+
 def _fork_waiting(main):
     """Fork a candidate that sets itself up and waits for its exec: ``(pid, socket)``, or None."""
-    from . import resident
-
+    resident = _resident
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     _reseed()
     try:
@@ -249,7 +287,7 @@ def _hand_over(ready, path, fds):
     """Give the waiting candidate its exec. Its pid, or None when it is gone (then reaped)."""
     pid, ours = ready
     try:
-        socket.send_fds(ours, [path], fds)
+        ours.sendmsg([path], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, FD_TRIPLE.pack(*fds))])
         return pid
     except OSError:
         try:

@@ -31,6 +31,7 @@ Who holds what, and why it is as safe as a fresh judge per program:
 """
 
 import os
+import resource
 import select
 import signal
 import socket
@@ -46,6 +47,10 @@ from .output import Output
 from .protocol import K_ERROR, reply
 
 ENABLED = True  # the configuration's "resident_judge"
+# The program's CPU-seconds limit, which counts per process: each candidate sets it on itself
+# (``prepare_candidate``). Picked out of the limits once, by the forker, so that a candidate, a fresh
+# fork, runs as little code as it can before its program (every page it writes is a fault).
+CPU_LIMITS = ()
 PID = None  # the judge's pid, while one runs
 SOCKET = None  # PID 1's end of the judge's socket
 DONE = struct.Struct("<i")
@@ -300,7 +305,11 @@ def prepare_candidate():
     the OOM score, the other limits, the seccomp filter, an empty bounding set, no new privileges,
     non-dumpable (a process that only drops capabilities stays so)."""
     os.setpgid(0, 0)
-    apply_limits(only=("RLIMIT_CPU",))
+    for name, soft, hard in CPU_LIMITS:
+        try:
+            resource.setrlimit(name, (soft, hard))
+        except (ValueError, OSError):
+            pass
     kernel.enter_candidate()
 
 
