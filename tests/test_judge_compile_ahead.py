@@ -15,7 +15,7 @@ import warnings
 import pytest
 
 from trl_sandbox.judge import build_program, check_outcome, check_spec
-from trl_sandbox.judge_candidate import _AHEAD_SOURCE_CHARS, _compiled_ahead
+from trl_sandbox.judge_resident import _AHEAD_SOURCE_CHARS, _compiled_ahead
 
 from .local_helpers import local_host
 

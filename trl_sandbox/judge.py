@@ -1,7 +1,7 @@
 """The host side of the judge: build judge programs, read verdicts, turn them into ``Outcome``s.
 
 A judged program is ``python3 -I -c JUDGE_SOURCE`` (the text of ``trl_sandbox/judge_candidate.py``,
-``judge_clock.py``, ``judge_conn.py`` then ``judge_program.py``, identical for every execution) with a payload on stdin and
+``judge_resident.py``, ``judge_clock.py``, ``judge_conn.py`` then ``judge_program.py``, identical for every execution) with a payload on stdin and
 ``nonce_on_stdin=True``: the runner prepends 16 fresh random bytes per execution and hands them to
 ``Task.score``. The payload is two length-prefixed pickles (the host -> judge direction is trusted):
 
@@ -47,7 +47,7 @@ from .tasks import Outcome, Program
 # The candidate's half first: the judge's half uses its names (and imports them only on the host).
 JUDGE_SOURCE: str = "\n".join(
     (Path(__file__).with_name(name)).read_text(encoding="utf-8")
-    for name in ("judge_candidate.py", "judge_clock.py", "judge_conn.py", "judge_program.py")
+    for name in ("judge_candidate.py", "judge_resident.py", "judge_clock.py", "judge_conn.py", "judge_program.py")
 )
 # -I: an isolated interpreter. No current directory (where the candidate writes) and no user site
 # on ``sys.path``, no PYTHON* variables: every module the judge imports comes from read-only places.

@@ -1,7 +1,7 @@
 # ruff: noqa: UP031  (runs on the sandbox's Python, 3.8+: plain %-formatting on purpose)
-"""The candidate's time budget, kept by the judge: the second part of the judge's source.
+"""The candidate's time budget, kept by the judge: a part of the judge's source.
 
-``trl_sandbox.judge.JUDGE_SOURCE`` is ``judge_candidate.py``, this file, ``judge_conn.py`` and
+``trl_sandbox.judge.JUDGE_SOURCE`` is ``judge_candidate.py``, ``judge_resident.py``, this file, ``judge_conn.py`` and
 ``judge_program.py``, run as one program in the sandbox (standard library only, Python 3.8+). The
 budget is the CPU time of the candidate's whole process family, read from /proc only once the
 candidate could have used it up, with a wall-clock backstop for a candidate that sleeps or blocks.

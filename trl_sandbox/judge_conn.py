@@ -1,6 +1,6 @@
 # ruff: noqa: UP031  (runs on the sandbox's Python, 3.8+: plain %-formatting on purpose)
-"""The judge's side of its conversation with the candidate process: the third part of the judge's
-source (``trl_sandbox.judge.JUDGE_SOURCE`` is ``judge_candidate.py``, ``judge_clock.py``, this file
+"""The judge's side of its conversation with the candidate process: a part of the judge's
+source (``trl_sandbox.judge.JUDGE_SOURCE`` is ``judge_candidate.py``, ``judge_resident.py``, ``judge_clock.py``, this file
 and ``judge_program.py``, run as one program in the sandbox; standard library only, Python 3.8+).
 
 Requests go out as pickles; replies come back through an unpickler that refuses every class but

@@ -1,6 +1,6 @@
 # ruff: noqa: UP031  (runs on the sandbox's Python, 3.8+: plain %-formatting on purpose)
 """The judge: runs inside the sandbox as ``python3 -I -c SOURCE``; SOURCE is the text of
-``judge_candidate.py`` (the candidate process's half), ``judge_clock.py`` (the candidate's time
+``judge_candidate.py`` and ``judge_resident.py`` (the candidate process's half), ``judge_clock.py`` (the candidate's time
 budget) and ``judge_conn.py`` (the judge's side of the conversation) followed by this file's (the
 judge's half: the tests, the verdict).
 
@@ -51,7 +51,6 @@ if "_start_candidate" not in globals():
     from trl_sandbox.judge_candidate import (
         _MAX_TEXT,
         NONCE_BYTES,
-        _compiled_ahead,
         _exc_text,
         _nondumpable,
         _read_message,
@@ -60,6 +59,7 @@ if "_start_candidate" not in globals():
     )
     from trl_sandbox.judge_clock import _Clock
     from trl_sandbox.judge_conn import CandidateError, _Conn, _Dead, _Mispredicted, _Proxy
+    from trl_sandbox.judge_resident import _compiled_ahead
 
 # Set where the judge stays resident across programs (the local sandbox's): the candidate process
 # is already forked (see ``_serve_candidate``); this sends it its part of the payload and its code

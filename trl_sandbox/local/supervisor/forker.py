@@ -230,7 +230,7 @@ def warm_waiting(rounds=24):
     """Run, here in PID 1 before any fork, what a waiting candidate runs to take its exec (a
     socket object on its descriptor, ``socket.recv_fds``): each waiting candidate then finds that
     code quickened and its lookups cached, where it would write them, a copy-on-write fault per
-    page (see ``judge_candidate._warm_serving`` for the rest of a candidate's path)."""
+    page (see ``judge_resident._warm_serving`` for the rest of a candidate's path)."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         for _ in range(rounds):
