@@ -102,7 +102,7 @@ def _quick(tasks: Sequence[Task | None], result: ExecResult) -> bool:
     result cannot stall the loop that drives every sandbox. A task that declares ``quick_score =
     True`` promises that its ``score`` does work linear in the result's size and nothing else (no
     I/O, no value decoding): a small result of such a task costs less to score than the hand-over
-    to the thread and back (about a sixth of a judged program's host CPU)."""
+    to the thread and back (about a third of a judged program's host CPU)."""
     if len(result.stdout) + len(result.stderr) > QUICK_SCORE_CHARS:
         return False
     return all(getattr(task, "quick_score", False) is True for task in tasks)

@@ -61,12 +61,11 @@ def child_setup(job):
         os.environ.update(env)
 
 
-def apply_limits(skip=(), only=None):
+def apply_limits(skip=()):
     setrlimit = resource.setrlimit
     skipped = [getattr(resource, n) for n in skip]
-    wanted = None if only is None else [getattr(resource, n) for n in only]
     for name, soft, hard in S.RLIMITS:
-        if name in skipped or (wanted is not None and name not in wanted):
+        if name in skipped:
             continue
         try:
             setrlimit(name, (soft, hard))
