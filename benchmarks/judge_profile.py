@@ -115,17 +115,11 @@ def process_cpu(pid: int) -> tuple[float, float]:
 
 def resident_of(supervisor: int) -> tuple[int, int]:
     """The sandbox's resident judge and candidates' forker, PID 1's two children between judged
-    programs: the forker keeps the supervisor's capabilities (its children need them), the judge
-    has none."""
+    programs: the judge goes by its own name (``trl-judge``)."""
     children = [int(pid) for pid in Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text().split()]
     assert len(children) == 2, f"expected a resident judge and a forker, found {children}"
-
-    def capabilities(pid: int) -> int:
-        status = Path(f"/proc/{pid}/status").read_text()
-        return int(next(line.split()[1] for line in status.splitlines() if line.startswith("CapEff:")), 16)
-
-    judge, forker = sorted(children, key=capabilities)
-    assert capabilities(judge) == 0 < capabilities(forker), children
+    judge, forker = sorted(children, key=lambda pid: Path(f"/proc/{pid}/comm").read_text().strip() != "trl-judge")
+    assert Path(f"/proc/{judge}/comm").read_text().strip() == "trl-judge", children
     return judge, forker
 
 

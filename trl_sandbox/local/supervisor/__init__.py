@@ -8,8 +8,9 @@ for the wire format, and nothing else.
 
 * ``protocol``: the wire format and the channel to the host.
 * ``state``: the configuration and the few pieces of state the other modules share.
-* ``kernel``: what makes every program start from a clean kernel: its own IPC namespace, no
-  capabilities, a seccomp filter; and the fresh tmpfs mounts of every lease.
+* ``kernel``: what makes every program start from a clean kernel: no capabilities, a seccomp
+  filter, and its own IPC namespace or no IPC objects at all; and the fresh tmpfs mounts of every
+  lease.
 * ``forkserver``: the exec path in the supervisor (plan, compile, fork, wait, sweep).
 * ``budget``: an exec's time budget (its process tree's CPU, the wall-clock backstop).
 * ``output``: an exec's output, from its pipes to the host without passing through memory.

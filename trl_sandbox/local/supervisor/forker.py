@@ -10,13 +10,14 @@ pages per fork: it reads a request, forks, reports the pid, reaps the child and 
 It is forked from PID 1, pristine, right after the resident judge, and is as much out of a
 candidate's reach: a session of its own, non-dumpable (no /proc/<pid>/mem or fd: its socket to PID
 1 is not to be had), and the candidates' seccomp filter refuses every signal, priority and
-scheduling call aimed at it, as at the judge (``kernel.protecting``). It keeps the supervisor's
-capabilities, which its children need for a clean kernel, and runs no program code. What every
-candidate would set up alike is set up here once and inherited: a fresh interpreter state (streams,
-``__main__``), the OOM score, and the seccomp filter: built here (it names this process's own pid)
-and put on the forker itself, so that every candidate has it from birth (attaching a filter costs
-more CPU than the fork; inheriting one costs nothing). It lets ``unshare(CLONE_NEWIPC)`` through,
-which a candidate needs before it drops its capabilities and is refused by the kernel after.
+scheduling call aimed at it, as at the judge (``kernel.protecting``). It holds no capability and
+runs no program code. What every candidate would set up alike is set up here once and inherited: a
+fresh interpreter state (streams, ``__main__``), the OOM score, the limits but CPU seconds, no
+capabilities, no new privileges, and the seccomp filter: built here (it names this process's own
+pid) and put on the forker itself, so that every candidate has it from birth (attaching a filter
+costs more CPU than the fork; inheriting one costs nothing). The filter refuses IPC objects, so a
+candidate needs no IPC namespace of its own: once forked, it only takes its own process group and
+CPU limit.
 
 Once an exec has ended with nothing of it left, PID 1 asks the forker for the next program's
 candidate ahead of time (``prefork``): it is forked, sets itself up (process group, limits, clean
@@ -159,12 +160,12 @@ def run_forker(job):
     _resident = resident  # bound once: an import statement in the loop would run the import system
     _, main, sock = job
     sock = resident.settle_helper(sock, devnull_at=0)  # its OOM score and interpreter state are inherited
-    # What every candidate would set up alike is set up here once, and inherited: the program's
-    # limits but CPU seconds (which count per process: each candidate sets its own), an empty
-    # bounding set, no new privileges, the candidates' filter, non-dumpable.
+    # What every candidate would set up alike is set up here once and inherited: the program's
+    # limits but CPU seconds (which count per process: each candidate sets its own), no
+    # capabilities, no new privileges, the candidates' filter, non-dumpable.
     apply_limits(skip=("RLIMIT_CPU",))
     resident.CPU_LIMITS = tuple(limit for limit in S.RLIMITS if limit[0] == resource.RLIMIT_CPU)
-    kernel.shed_inheritable()
+    kernel.shed_privileges()
     kernel.take_filter(kernel.protecting(resident.PID, os.getpid()))
     kernel.PREPARED.prctl(kernel.PR_SET_DUMPABLE, 0, 0, 0, 0)
     gc.freeze()  # what PID 1 made since it last froze: no candidate's collector scans it

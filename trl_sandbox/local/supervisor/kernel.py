@@ -10,7 +10,8 @@ then, before any program code runs:
    queues. The namespace, with every object in it, goes away when the exec's last process is
    killed, so nothing a program made there reaches the next program or another sandbox. In mode
    ``"deny"`` the filter refuses every call that makes an IPC object, so the sandbox's (empty)
-   namespace is as fresh, and the ~0.1 ms of CPU a namespace costs per exec is saved.
+   namespace is as fresh, and the ~0.1 ms of CPU a namespace costs per exec is saved. A resident
+   judge's candidates are refused IPC objects in every mode and make no namespace either.
 2. drops every capability: bounding set, ambient set, then effective/permitted/inheritable.
 3. ``PR_SET_NO_NEW_PRIVS`` and a seccomp filter in the spirit of Docker's default profile:
    keyrings, ``ptrace``, setting another process's rlimits (``prlimit64`` with a pid), new namespaces (``unshare``, ``setns``, ``clone`` with ``CLONE_NEW*``;
@@ -33,7 +34,7 @@ CLONE_NEWIPC = 0x08000000
 CLONE_NS_FLAGS = 0x7E020000  # NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
 MS_NOSUID, MS_NODEV, MS_NOATIME, MS_REC, MS_PRIVATE = 2, 4, 0x400, 0x4000, 0x40000
 MNT_DETACH = 2
-PR_SET_DUMPABLE, PR_SET_SECCOMP, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 4, 22, 24, 38, 47
+PR_SET_DUMPABLE, PR_SET_NAME, PR_SET_SECCOMP, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 4, 15, 22, 24, 38, 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
 SECCOMP_MODE_FILTER = 2
 CAPABILITY_VERSION_3 = 0x20080522
@@ -68,12 +69,13 @@ DENIED = {
     "query_module": (178, None), "uselib": (134, None), "ustat": (136, None), "sysfs": (139, None),
     "_sysctl": (156, None),
 }
+# Every call that makes a SysV IPC object or a POSIX message queue: denied to every program in
+# memory mode "deny", and to judged candidates in every mode (see CANDIDATE).
+IPC_OBJECTS = {"shmget": (29, 194), "msgget": (68, 186), "semget": (64, 190), "mq_open": (240, 180)}
 # Denied in memory mode "deny": memory a program could pin beyond RLIMIT_AS, and with it every
 # call that makes an IPC object (so no program needs an IPC namespace of its own in that mode).
-DENY_MODE = {"shmget": (29, 194), "msgget": (68, 186), "semget": (64, 190), "memfd_create": (319, 279),
-             "mq_open": (240, 180)}
+DENY_MODE = {**IPC_OBJECTS, "memfd_create": (319, 279)}
 CLONE, CLONE3 = (56, 220), (435, 435)
-UNSHARE = DENIED["unshare"]
 # prlimit64 on another process needs only the same uid (no ptrace access, so non-dumpable is no
 # shield): a program could lower the supervisor's or the judge's limits (descriptors, CPU, address
 # space) and break the next program. Allowed on itself (pid 0, what setrlimit() sends) and to read.
@@ -126,20 +128,26 @@ def check(result, what):
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
-def seccomp_program(machine, memory_mode, protect=None, fresh_ipc=False):
+def seccomp_program(machine, memory_mode, protect=None):
     """The BPF program (bytes of ``struct sock_filter``) for this machine and memory mode; with
-    ``protect``, the pids that no signal from the filtered process may reach (a resident judge and
-    the candidates' forker). ``fresh_ipc``: ``unshare(CLONE_NEWIPC)``, with exactly that flag, is
-    let through to the kernel, for a filter that a process with ``CAP_SYS_ADMIN`` (the forker)
-    takes on itself so that its children inherit it; they then make their IPC namespace under it,
-    and drop the capability, after which the kernel refuses the call (EPERM, as the filter would)."""
+    ``protect``, the filter of a resident judge's candidates: the pids that no signal from the
+    filtered process may reach (the judge and the candidates' forker), and no IPC objects in any
+    memory mode (``IPC_OBJECTS``).
+
+    Why candidates never get IPC objects: a candidate is a function under test, called by the
+    judge, and nothing in Python's standard library makes SysV IPC objects or POSIX message
+    queues (``multiprocessing`` and ``shared_memory`` use files in ``/dev/shm``). Refusing them
+    leaves the sandbox's own IPC namespace, which candidates share, as empty as a fresh one, so a
+    candidate needs no namespace of its own and the forker no capability to make one: each
+    candidate is ready when the fork returns."""
     if machine not in ARCHES:
         raise OSError(EPERM, f"no seccomp filter for the architecture {machine!r} (x86_64 and aarch64 have one)")
     column, audit_arch = ARCHES[machine]
-    denied = [nrs[column] for name, nrs in DENIED.items() if not (fresh_ipc and name == "unshare")]
+    denied = [nrs[column] for nrs in DENIED.values()]
     if memory_mode == "deny":
         denied += [nrs[column] for nrs in DENY_MODE.values()]
     if protect is not None:
+        denied += [nrs[column] for nrs in IPC_OBJECTS.values()]
         denied.append(PIDFD_SEND_SIGNAL[column])
     ins = []
 
@@ -168,18 +176,10 @@ def seccomp_program(machine, memory_mode, protect=None, fresh_ipc=False):
     numbers = sorted(set(n for n in denied if n is not None))
     # The calls programs make most (read, write, mmap, ... on x86_64) are below every number
     # this filter looks at: allow them after one comparison instead of a walk down the list.
-    op(JGE, min(numbers + [CLONE[column], CLONE3[column], PRLIMIT64[column], UNSHARE[column]]), 1, 0)
+    op(JGE, min(numbers + [CLONE[column], CLONE3[column], PRLIMIT64[column]]), 1, 0)
     op(RET, RET_ALLOW)
     for nr in numbers:
         op(JEQ, nr, 0, 1)
-        op(RET, RET_ERRNO | EPERM)
-    if fresh_ipc:
-        op(JEQ, UNSHARE[column], 0, 6)
-        op(LD_ABS, 16)                 # unshare: the flags, low half
-        op(JEQ, CLONE_NEWIPC, 0, 3)
-        op(LD_ABS, 20)                 # high half
-        op(JEQ, 0, 0, 1)
-        op(RET, RET_ALLOW)             # CLONE_NEWIPC alone: the kernel asks for CAP_SYS_ADMIN
         op(RET, RET_ERRNO | EPERM)
     op(JEQ, PRLIMIT64[column], 0, 10)
     op(LD_ABS, 16)                     # prlimit64: pid, low half
@@ -266,39 +266,30 @@ def protecting(*pids):
     candidates' forker), made to be inherited: the forker takes it on (``take_filter``) and every
     candidate it forks has it from birth."""
     p = PREPARED
-    return Filter(seccomp_program(os.uname().machine, p.memory_mode, protect=pids, fresh_ipc=p.fresh_ipc))
+    return Filter(seccomp_program(os.uname().machine, p.memory_mode, protect=pids))
 
 
 def take_filter(seccomp):
-    """Put ``seccomp`` on this process, which keeps its capabilities (the forker).
+    """Put ``seccomp`` on this process (the forker), so that every candidate it forks has it.
 
     Every process that attaches a filter pays for the kernel to translate and compile it, about a
     third of a millisecond for ours (more than the fork itself); children inherit their parent's
-    filter for nothing. No ``PR_SET_NO_NEW_PRIVS`` needed first: ``CAP_SYS_ADMIN`` allows a filter
-    without it (``shed_inheritable`` sets it anyway)."""
+    filter for nothing. ``shed_privileges`` has set ``PR_SET_NO_NEW_PRIVS``, which allows it."""
     check(PREPARED.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, seccomp.ref, 0, 0), "seccomp")
 
 
-def shed_inheritable():
-    """In the forker, once: the part of a clean kernel that children inherit. An empty bounding
-    set and ambient set and ``PR_SET_NO_NEW_PRIVS`` (the forker never execs), so that a candidate
-    has only its own capabilities to drop (``enter_candidate``); the forker keeps them in its
-    effective set, for the IPC namespace each candidate makes."""
-    prctl = PREPARED.prctl
-    for cap in PREPARED.bounding:
+def shed_privileges():
+    """In the forker, once: no capabilities (bounding, ambient, effective, permitted and
+    inheritable sets all empty) and ``PR_SET_NO_NEW_PRIVS``, all inherited by every candidate, which
+    then has nothing of its own to drop. The forker keeps no capability: its candidates make no
+    namespace (their filter refuses IPC objects instead, see ``seccomp_program``)."""
+    p = PREPARED
+    prctl = p.prctl
+    for cap in p.bounding:
         check(prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), "PR_CAPBSET_DROP")
     check(prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "PR_CAP_AMBIENT_CLEAR_ALL")
-    check(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "PR_SET_NO_NEW_PRIVS")
-
-
-def enter_candidate():
-    """In a candidate forked by a forker that has shed what children inherit and wears their
-    filter (``shed_inheritable``, ``take_filter``): a fresh IPC namespace (where IPC is allowed),
-    then no capabilities. Two system calls instead of ``enter_program``'s eight."""
-    p = PREPARED
-    if p.fresh_ipc:
-        check(p.unshare(CLONE_NEWIPC), "unshare(CLONE_NEWIPC)")
     check(p.capset(*p.cap_refs), "capset")
+    check(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "PR_SET_NO_NEW_PRIVS")
 
 
 def enter_program(seccomp=None):

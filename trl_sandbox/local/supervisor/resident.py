@@ -54,6 +54,7 @@ CPU_LIMITS = ()
 PID = None  # the judge's pid, while one runs
 SOCKET = None  # PID 1's end of the judge's socket
 DONE = struct.Struct("<i")
+JUDGE_NAME = b"trl-judge"  # the resident judge's process name
 
 
 def usable(code, env):
@@ -300,17 +301,15 @@ def wire_candidate(fds):
 
 
 def prepare_candidate():
-    """A candidate's own process group, CPU limit and clean kernel. The forker has set up the rest
-    for all of them (``forker.run_forker``): a fresh interpreter state, ``/`` as working directory,
-    the OOM score, the other limits, the seccomp filter, an empty bounding set, no new privileges,
-    non-dumpable (a process that only drops capabilities stays so)."""
+    """A candidate's own process group and CPU limit. The forker has set up the rest for all of
+    them (``forker.run_forker``): a fresh interpreter state, ``/`` as working directory, the OOM
+    score, the other limits, the seccomp filter, no capabilities, no new privileges, non-dumpable."""
     os.setpgid(0, 0)
     for name, soft, hard in CPU_LIMITS:
         try:
             resource.setrlimit(name, (soft, hard))
         except (ValueError, OSError):
             pass
-    kernel.enter_candidate()
 
 
 def serve_candidate(main, path):
@@ -331,6 +330,9 @@ def run_resident(job):
     apply_limits(skip=("RLIMIT_CPU",))
     kernel.enter_program()
     kernel.PREPARED.prctl(kernel.PR_SET_DUMPABLE, 0, 0, 0, 0)
+    # Its name in ps and /proc/<pid>/comm: the one mark that tells it from the forker (neither holds
+    # a capability, both wear a filter).
+    kernel.PREPARED.prctl(kernel.PR_SET_NAME, JUDGE_NAME, 0, 0, 0)
     current = []
 
     def attach(candidate_part, code):
