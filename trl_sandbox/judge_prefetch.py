@@ -54,9 +54,10 @@ def predicted_calls(test: str, setup: str, bind: Sequence[str]) -> list[Call]:
     setup_tree = parse_untrusted(setup) if setup else ast.Module(body=[], type_ignores=[])
     if tree is None or setup_tree is None:
         return []
-    bound = _bound_names(tree) | _bound_names(setup_tree)
+    test_bound = _bound_names(tree)
+    bound = test_bound | _bound_names(setup_tree)
     proxies = set(bind)
-    if proxies & _bound_names(tree):
+    if proxies & test_bound:
         return []  # the test rebinds a name of the candidate's: too clever to predict
     safe = SAFE_BUILTINS - bound
     names = {p: p for p in proxies}
