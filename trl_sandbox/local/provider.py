@@ -25,7 +25,8 @@ stdin/stdout. What other code can rely on:
   fresh ``__main__``; code objects are cached by source. Anything else (``-m``, ``-O``, ``-X``,
   an exec ``env`` with ``PYTHON*`` variables, ...) runs the real interpreter.
 * A clean kernel per program: every exec runs in its own IPC namespace (SysV objects and POSIX
-  message queues die with it), with no capabilities and a seccomp filter (no keyrings, ptrace,
+  message queues die with it; a judged candidate may make neither, in any memory mode, and shares
+  the sandbox's empty namespace), with no capabilities and a seccomp filter (no keyrings, ptrace,
   namespaces, mounts, kernel modules, bpf, ...: ``supervisor/kernel.py``). After every exec,
   every process it left behind is killed (``kill(-1)`` from PID 1 reaches double-forked and
   ``setsid`` processes); files persist until ``reset()``, which mounts a fresh tmpfs on
@@ -52,7 +53,8 @@ capped too) plus ``memory_mb`` of address space per process times ``max_processe
 itself (about 20 MB RSS) and kernel buffers of the program's pipes and sockets (bounded by
 ``open_files`` per process, charged only by a memory cgroup). ``memory_mode="cgroup"`` allows the
 refused calls (each exec then gets an IPC namespace of its own, and POSIX queues are capped at
-800 KiB by RLIMIT_MSGQUEUE), for a setup where a memory cgroup charges them; ``"auto"`` (the
+800 KiB by RLIMIT_MSGQUEUE; a resident judge's candidates are still refused SysV objects and POSIX
+queues), for a setup where a memory cgroup charges them; ``"auto"`` (the
 default) picks ``"cgroup"`` exactly when the sandbox has a memory cgroup of its own.
 
 * Cgroups (``cgroups.py``; provider setting ``cgroups="auto"|"v1"|"v2"|"off"``): where the kernel

@@ -302,8 +302,9 @@ def drain_wakeups():
 
 def sweep():
     """Kill and reap every process of the namespace but ourselves. Their IPC namespace (each
-    exec has its own) goes with the last of them, and with it every SysV object and POSIX
-    message queue they made. A resident judge is one of them."""
+    plain exec has its own; judged candidates may make no IPC objects) goes with the last of them,
+    and with it every SysV object and POSIX message queue they made. A resident judge is one of
+    them."""
     resident.forget()
     if kill_all():
         while True:
