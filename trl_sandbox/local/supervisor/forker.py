@@ -28,6 +28,7 @@ ends it with the judge before it runs (``forkserver.do_exec``).
 A sweep kills it with everything else; the next judged exec forks a new one.
 """
 
+import _socket
 import gc
 import os
 import resource
@@ -137,6 +138,8 @@ PREFORK = b"\0prefork"  # a request with no descriptors (a fork request always h
 FDS_SPACE = socket.CMSG_LEN(3 * 4)
 FD_TRIPLE = struct.Struct("3i")
 _resident = None  # the resident module, bound once by run_forker
+# The C socket pair, not socket.socketpair's Python wrapper objects: fewer pages written per fork.
+_socketpair, _AF_UNIX, _SOCK_SEQPACKET = _socket.socketpair, socket.AF_UNIX, socket.SOCK_SEQPACKET
 
 
 def _fds_of(ancillary):
@@ -248,7 +251,7 @@ def warm_waiting(rounds=24):
 def _fork_waiting(main):
     """Fork a candidate that sets itself up and waits for its exec: ``(pid, socket)``, or None."""
     resident = _resident
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    ours, theirs = _socketpair(_AF_UNIX, _SOCK_SEQPACKET)
     _reseed()
     try:
         pid = os.fork()
