@@ -70,7 +70,7 @@ DENIED = {
     "_sysctl": (156, None),
 }
 # Every call that makes a SysV IPC object or a POSIX message queue: denied to every program in
-# memory mode "deny", and to judged candidates in every mode (see CANDIDATE).
+# memory mode "deny", and to judged candidates in every mode (see ``seccomp_program``).
 IPC_OBJECTS = {"shmget": (29, 194), "msgget": (68, 186), "semget": (64, 190), "mq_open": (240, 180)}
 # Denied in memory mode "deny": memory a program could pin beyond RLIMIT_AS, and with it every
 # call that makes an IPC object (so no program needs an IPC namespace of its own in that mode).
@@ -279,9 +279,9 @@ def take_filter(seccomp):
 
 
 def shed_privileges():
-    """In the forker, once: no capabilities (bounding, ambient, effective, permitted and
-    inheritable sets all empty) and ``PR_SET_NO_NEW_PRIVS``, all inherited by every candidate, which
-    then has nothing of its own to drop. The forker keeps no capability: its candidates make no
+    """No capabilities (bounding, ambient, effective, permitted and inheritable sets all empty) and
+    ``PR_SET_NO_NEW_PRIVS``. Every program does this (``enter_program``); the forker does it once,
+    and every candidate inherits it with nothing of its own to drop: its candidates make no
     namespace (their filter refuses IPC objects instead, see ``seccomp_program``)."""
     p = PREPARED
     prctl = p.prctl
@@ -298,13 +298,8 @@ def enter_program(seccomp=None):
     p = PREPARED
     if p.fresh_ipc:
         check(p.unshare(CLONE_NEWIPC), "unshare(CLONE_NEWIPC)")
-    prctl = p.prctl
-    for cap in p.bounding:
-        check(prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), "PR_CAPBSET_DROP")
-    check(prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "PR_CAP_AMBIENT_CLEAR_ALL")
-    check(p.capset(*p.cap_refs), "capset")
-    check(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "PR_SET_NO_NEW_PRIVS")
-    check(prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, p.fprog_ref if seccomp is None else seccomp.ref, 0, 0), "seccomp")
+    shed_privileges()
+    check(p.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, p.fprog_ref if seccomp is None else seccomp.ref, 0, 0), "seccomp")
 
 
 def release_free_heap():
