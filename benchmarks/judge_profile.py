@@ -61,7 +61,7 @@ PREAMBLE = (
     "    _T.append((label, r.ru_utime + r.ru_stime))\n"
     "def _cmark(label):\n"
     "    r = _R.getrusage(_R.RUSAGE_SELF)\n"
-    "    os.write(2, ('@@cmark@@ %r\\n' % ((label, r.ru_utime + r.ru_stime),)).encode())\n"
+    "    os.write(2, ('@@cmark@@ %r\\n' % ((label, r.ru_utime + r.ru_stime, r.ru_minflt),)).encode())\n"
 )
 REPORT = '''
 def main():
@@ -88,8 +88,9 @@ def instrumented_judge() -> str:
     return "import os\n" + PREAMBLE + src + REPORT
 
 
-def phases(stderr: str) -> dict[str, float]:
-    """The judge's phases, and the candidate's up to its last mark (the rest is its calls and exit)."""
+def phases(stderr: str) -> tuple[dict[str, float], dict[str, int]]:
+    """The judge's phases, and the candidate's up to its last mark (the rest is its calls and exit):
+    CPU seconds of each, and the candidate's page faults in each of its own."""
     lines = stderr.splitlines()
     line = next(x for x in lines if x.startswith("@@profile@@ "))
     marks = eval(line.split(" ", 1)[1], {})  # noqa: S307  (our own repr of (str, float) pairs)
@@ -97,13 +98,14 @@ def phases(stderr: str) -> dict[str, float]:
     for label, cpu in marks[1:]:
         out[label] = cpu - last
         last = cpu
-    last = 0.0  # the candidate's first mark: its CPU since the fork
+    faults: dict[str, int] = {}
+    last, last_faults = 0.0, 0  # the candidate's first mark: its CPU and faults since the fork
     for x in lines:
         if x.startswith("@@cmark@@ "):
-            label, cpu = eval(x.split(" ", 1)[1], {})  # noqa: S307  (our own repr)
-            out[label] = cpu - last
-            last = cpu
-    return out
+            label, cpu, minflt = eval(x.split(" ", 1)[1], {})  # noqa: S307  (our own repr)
+            out[label], faults[label] = cpu - last, minflt - last_faults
+            last, last_faults = cpu, minflt
+    return out, faults
 
 
 def process_cpu(pid: int) -> tuple[float, float]:
@@ -142,6 +144,7 @@ async def profile(count: int) -> dict:
     provider.warm_tokens = {source: "\0trl-sandbox-warm-profile"}
     box = await provider.create(SandboxSpec(tags={"bench": "judge-profile"}))
     sums: dict[str, float] = {}
+    fault_sums: dict[str, int] = {}
     host = {"host: build the program": 0.0, "host: send, wait, receive (transport)": 0.0,
             "host: read the verdict and compare": 0.0}
     try:
@@ -168,8 +171,11 @@ async def profile(count: int) -> dict:
             for label, value in (("host: build the program", t1 - t0), ("host: send, wait, receive (transport)", t2 - t1),
                                  ("host: read the verdict and compare", t3 - t2)):
                 host[label] += value
-            for label, value in phases(result.stderr).items():
+            cpu, faults = phases(result.stderr)
+            for label, value in cpu.items():
                 sums[label] = sums.get(label, 0.0) + value
+            for label, value in faults.items():
+                fault_sums[label] = fault_sums.get(label, 0) + value
         sup1, forker1, judge1 = process_cpu(sup)[0], process_cpu(forker), process_cpu(judge)[0]
         faults1 = process_faults(sup)[:1] + process_faults(forker) + process_faults(judge)[:1]
     finally:
@@ -187,16 +193,22 @@ async def profile(count: int) -> dict:
     per = dict(sorted(per.items(), key=lambda kv: next(i for i, p in enumerate(order) if kv[0].startswith(p))))
     faults = {who: (after - before) / count for who, before, after in
               zip(("supervisor", "forker", "candidate", "judge"), faults0, faults1)}
+    # The candidate's faults phase by phase: where its copy-on-write pages are written.
+    candidate_faults = {label: total / count for label, total in fault_sums.items()}
+    candidate_faults[CANDIDATE_REST] = max(0.0, faults["candidate"] - sum(candidate_faults.values()))
     return {"programs": count, "passed": passed, "cpu_ms_per_program": per, "faults_per_program": faults,
+            "candidate_faults_per_program": candidate_faults,
             "sandbox_ms": sum(v for k, v in per.items() if not k.startswith("host")),
             "host_ms": sum(v for k, v in per.items() if k.startswith("host"))}
 
 
 def print_profile(report: dict) -> None:
     print(f"\nwhere a judged program's CPU goes ({report['programs']} HumanEval programs one at a time, "
-          f"{report['passed']} passed; ms per program):")
+          f"{report['passed']} passed; ms per program, and the candidate's page faults per phase):")
+    candidate_faults = report.get("candidate_faults_per_program", {})
     for label, ms in report["cpu_ms_per_program"].items():
-        print(f"  {label:<52} {ms:6.3f}")
+        faults = f"  {candidate_faults[label]:5.0f} faults" if label in candidate_faults else ""
+        print(f"  {label:<52} {ms:6.3f}{faults}")
     print(f"  {'sandbox, all of it':<52} {report['sandbox_ms']:6.3f}")
     print(f"  {'host, all of it':<52} {report['host_ms']:6.3f}")
     faults = report["faults_per_program"]

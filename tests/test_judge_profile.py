@@ -34,3 +34,9 @@ def test_the_profile_runs_the_instrumented_judge_and_accounts_for_every_phase():
     faults = report["faults_per_program"]
     assert set(faults) == {"supervisor", "forker", "candidate", "judge"}
     assert faults["candidate"] > 0 and min(faults.values()) >= 0
+    # ... phase by phase for the candidate: every marked phase and the rest, adding up to its total;
+    # its fork and set-up write some of the pages it shares with the forker (its stack, at least).
+    by_phase = report["candidate_faults_per_program"]
+    assert set(by_phase) == {label for _, label in judge_profile.CANDIDATE_MARKS} | {judge_profile.CANDIDATE_REST}
+    assert by_phase["candidate: fork and set-up, until its code runs"] > 0 and min(by_phase.values()) >= 0
+    assert abs(sum(by_phase.values()) - faults["candidate"]) < 1
