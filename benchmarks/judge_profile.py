@@ -120,9 +120,11 @@ def resident_of(supervisor: int) -> tuple[int, int]:
     programs: the judge goes by its own name (``trl-judge``)."""
     children = [int(pid) for pid in Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text().split()]
     assert len(children) == 2, f"expected a resident judge and a forker, found {children}"
-    judge, forker = sorted(children, key=lambda pid: Path(f"/proc/{pid}/comm").read_text().strip() != "trl-judge")
-    assert Path(f"/proc/{judge}/comm").read_text().strip() == "trl-judge", children
-    return judge, forker
+    named = {pid: Path(f"/proc/{pid}/comm").read_text().strip() for pid in children}
+    judges = [pid for pid in children if named[pid] == "trl-judge"]
+    assert len(judges) == 1, named
+    (forker,) = set(children) - set(judges)
+    return judges[0], forker
 
 
 def process_faults(pid: int) -> tuple[int, int]:
@@ -171,10 +173,10 @@ async def profile(count: int) -> dict:
             for label, value in (("host: build the program", t1 - t0), ("host: send, wait, receive (transport)", t2 - t1),
                                  ("host: read the verdict and compare", t3 - t2)):
                 host[label] += value
-            cpu, faults = phases(result.stderr)
-            for label, value in cpu.items():
+            phase_cpu, phase_faults = phases(result.stderr)
+            for label, value in phase_cpu.items():
                 sums[label] = sums.get(label, 0.0) + value
-            for label, value in faults.items():
+            for label, value in phase_faults.items():
                 fault_sums[label] = fault_sums.get(label, 0) + value
         sup1, forker1, judge1 = process_cpu(sup)[0], process_cpu(forker), process_cpu(judge)[0]
         faults1 = process_faults(sup)[:1] + process_faults(forker) + process_faults(judge)[:1]
