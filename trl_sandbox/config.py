@@ -142,6 +142,9 @@ class SandboxGRPOConfig(GRPOConfig):
     sandbox_cache_size: int = field(
         default=4096, metadata={"help": "Results kept for identical programs (0 disables the cache)."}
     )
+    sandbox_cache_bytes: int = field(default=64 << 20, metadata={
+        "help": "Host memory the result cache may hold, in bytes (default 64 MiB). A result over 64 KiB of "
+        "output is kept as its outcomes only; older entries go first once the budget is reached."})
     sandbox_metrics_file: str | None = field(
         default="metrics.jsonl",
         metadata={"help": "File in `output_dir` that receives every logged metrics record as a JSON line (None: off)."},

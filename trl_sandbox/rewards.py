@@ -19,7 +19,7 @@ from .pool import SandboxPool, percentile
 from .rank_metrics import RankMetrics
 from .sandbox import SandboxSpec
 from .schemes import RewardScheme
-from .scoring import Scorer
+from .scoring import CACHE_BYTES, Scorer
 from .tasks import STATUSES, Outcome
 
 # Keyword arguments TRL passes that are not dataset columns.
@@ -42,6 +42,7 @@ class SandboxReward:
         timeout: float | None = None,
         deadline_s: float | None = None,
         cache_size: int = 4096,
+        cache_bytes: int = CACHE_BYTES,
         provider: str = "local",
         provider_settings: Mapping[str, Any] | None = None,
         pool_size: int = 4,
@@ -51,6 +52,7 @@ class SandboxReward:
         self._scheme = scheme
         self._timeout = timeout
         self._cache_size = cache_size
+        self._cache_bytes = cache_bytes
         self.deadline_s = deadline_s
         self._pool = pool
         self._owns_pool = pool is None
@@ -121,7 +123,8 @@ class SandboxReward:
             if not pool.started:
                 pool.start(wait=False)
             if self._scorer is None:
-                self._scorer = Scorer(pool, scheme=self._scheme, cache_size=self._cache_size, timeout=self._timeout)
+                self._scorer = Scorer(pool, scheme=self._scheme, cache_size=self._cache_size, timeout=self._timeout,
+                                      cache_bytes=self._cache_bytes)
             return self._scorer
 
     def close(self) -> None:

@@ -10,12 +10,15 @@ row on the host, apply the reward scheme. Infrastructure failures become ``statu
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
+import pickle
+import sys
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .content_guard import build_guarded, score_guarded
@@ -39,30 +42,170 @@ class ScoreStats:
     seconds: float = 0.0
 
 
-class ResultCache:
-    """LRU of execution results keyed by ``Program.key`` (salted with the provider and limits).
+# How much of the host's memory program output may hold beyond the one call that scores it.
+#: Default byte budget of ``ResultCache`` (``SandboxGRPOConfig.sandbox_cache_bytes``).
+CACHE_BYTES = 64 << 20
+#: A result at most this large (stdout and stderr, as the host holds them) is cached whole and
+#: scored again on a hit; a larger one is reduced to the outcomes it was scored as.
+CACHE_RESULT_BYTES = 64 << 10
+#: The most UTF-8 bytes of an ``Outcome.detail`` the scorer hands on (metrics, logs, results files,
+#: episodes' observations); the rest is cut with a marker.
+DETAIL_BYTES = 4 << 10
+# What an entry costs besides its text: the entry, its key, the result or outcome objects.
+_ENTRY_OVERHEAD = 512
 
-    Only conclusive results are cached: infrastructure failures and timeouts (which a loaded
-    machine can produce spuriously) are always run again.
+
+def clip_text(text: str, max_bytes: int) -> str:
+    """``text`` if its UTF-8 form fits ``max_bytes``, else its head and tail around a marker
+    ``... [N bytes cut] ...``, the whole at most ``max_bytes`` bytes.
+
+    The cut falls between characters, never inside a UTF-8 sequence (a lone surrogate counts as
+    the three bytes ``surrogatepass`` gives it). Work and memory are bounded by ``max_bytes``, not
+    by the text: a 16 MiB flood is measured in slices, never encoded whole.
+    """
+    if len(text) <= max_bytes // 4:  # at most 4 bytes a character: it fits
+        return text
+    total = _utf8_size(text)
+    if total <= max_bytes:
+        return text
+    room = max(0, max_bytes - len(_marker(total)))
+    head = _utf8_prefix(text, room - room // 2)
+    tail = _utf8_suffix(text, room // 2)
+    kept = len(head.encode("utf-8", "surrogatepass")) + len(tail.encode("utf-8", "surrogatepass"))
+    return head + _marker(total - kept) + tail
+
+
+def _marker(cut: int) -> str:
+    return f"\n... [{cut} bytes cut] ...\n"
+
+
+def _utf8_size(text: str) -> int:
+    if text.isascii():
+        return len(text)
+    step = 1 << 18
+    return sum(len(text[i:i + step].encode("utf-8", "surrogatepass")) for i in range(0, len(text), step))
+
+
+def _utf8_prefix(text: str, max_bytes: int) -> str:
+    """The longest prefix of ``text`` whose UTF-8 form fits ``max_bytes`` (whole characters only)."""
+    head = text[:max_bytes]  # no character is shorter than a byte
+    data = head.encode("utf-8", "surrogatepass")
+    if len(data) <= max_bytes:
+        return head
+    end = max_bytes
+    while end > 0 and (data[end] & 0xC0) == 0x80:  # back to the start of the character cut in two
+        end -= 1
+    return data[:end].decode("utf-8", "surrogatepass")
+
+
+def _utf8_suffix(text: str, max_bytes: int) -> str:
+    """The longest suffix of ``text`` whose UTF-8 form fits ``max_bytes`` (whole characters only)."""
+    if max_bytes <= 0:
+        return ""
+    tail = text[-max_bytes:]
+    data = tail.encode("utf-8", "surrogatepass")
+    if len(data) <= max_bytes:
+        return tail
+    start = len(data) - max_bytes
+    while start < len(data) and (data[start] & 0xC0) == 0x80:  # on to the next whole character
+        start += 1
+    return data[start:].decode("utf-8", "surrogatepass")
+
+
+def clip_detail(outcome: Outcome) -> Outcome:
+    """``outcome`` with its detail clipped to ``DETAIL_BYTES`` (the outcome itself unchanged)."""
+    detail = outcome.detail
+    if len(detail) <= DETAIL_BYTES // 4:
+        return outcome
+    clipped = clip_text(str(detail), DETAIL_BYTES)
+    return outcome if clipped is detail else replace(outcome, detail=clipped)
+
+
+def result_bytes(result: ExecResult) -> int:
+    """The host memory ``result``'s output holds (a str of non-ASCII text costs 2 or 4 bytes a character)."""
+    return sys.getsizeof(result.stdout) + sys.getsizeof(result.stderr)
+
+
+def row_fingerprint(row: Mapping[str, Any]) -> bytes | None:
+    """What identifies a dataset row for the cache's outcomes: a digest of its pickle, or ``None``
+    when it does not pickle (then nothing is cached for it). Two rows that pickle alike score alike."""
+    try:
+        return hashlib.sha256(pickle.dumps(dict(row), protocol=4)).digest()
+    except Exception:
+        return None
+
+
+@dataclass
+class CachedResult:
+    """What the cache keeps of one program's run.
+
+    ``result`` is the whole ``ExecResult`` where it is small (a hit scores it again, exactly as the
+    first time); ``None`` where it was large: then ``outcomes`` holds, for each row it was scored
+    for (by ``row_fingerprint``), the final outcome (reward applied, detail clipped), computed from
+    the whole result before any of it was dropped. A hit for a row not among them is a miss.
     """
 
-    def __init__(self, max_entries: int = 4096) -> None:
-        self.max_entries = max_entries
-        self._entries: OrderedDict[str, tuple[ExecResult, bytes | None]] = OrderedDict()
+    result: ExecResult | None
+    nonce: bytes | None
+    outcomes: dict[bytes, Outcome] = field(default_factory=dict)
+    size: int = 0
 
-    def get(self, key: str) -> tuple[ExecResult, bytes | None] | None:
+
+class ResultCache:
+    """LRU of execution results keyed by ``Program.key`` (salted with the provider and limits),
+    bounded in entries (``max_entries``) and in bytes (``max_bytes``).
+
+    Only conclusive results are cached: infrastructure failures and timeouts (which a loaded
+    machine can produce spuriously) are always run again. A result larger than ``max_result_bytes``
+    is not kept: its outcomes are (see ``CachedResult``), so that a program that floods its output
+    (a debug print in a loop, 16 MiB of undecodable bytes) costs the host a few hundred bytes per
+    entry, not the 32 MiB its decoded streams took.
+    """
+
+    def __init__(self, max_entries: int = 4096, max_bytes: int = CACHE_BYTES,
+                 max_result_bytes: int = CACHE_RESULT_BYTES) -> None:
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self.max_result_bytes = max_result_bytes
+        self.bytes = 0
+        self._entries: OrderedDict[str, CachedResult] = OrderedDict()
+
+    def get(self, key: str) -> CachedResult | None:
         hit = self._entries.get(key)
         if hit is not None:
             self._entries.move_to_end(key)
         return hit
 
-    def put(self, key: str, result: ExecResult, nonce: bytes | None) -> None:
-        if self.max_entries <= 0 or result.timed_out:
+    def keeps_whole(self, result: ExecResult) -> bool:
+        """Whether ``result`` would be kept whole (else only the outcomes scored from it)."""
+        return result_bytes(result) <= min(self.max_result_bytes, self.max_bytes)
+
+    def put(self, key: str, result: ExecResult, nonce: bytes | None,
+            outcomes: Mapping[bytes, Outcome] | None = None) -> None:
+        """Keep ``result`` whole if it is small, else ``outcomes`` (row fingerprint -> final outcome)."""
+        if self.max_entries <= 0 or self.max_bytes <= 0 or result.timed_out:
             return
-        self._entries[key] = (result, nonce)
-        self._entries.move_to_end(key)
-        while len(self._entries) > self.max_entries:
-            self._entries.popitem(last=False)
+        if self.keeps_whole(result):
+            entry = CachedResult(result, nonce, size=_ENTRY_OVERHEAD + result_bytes(result))
+        else:
+            if not outcomes:
+                return
+            earlier = self._entries.get(key)
+            kept = dict(earlier.outcomes) if earlier is not None and earlier.result is None else {}
+            kept.update((fp, clip_detail(o)) for fp, o in outcomes.items())
+            size = _ENTRY_OVERHEAD + sum(_ENTRY_OVERHEAD + sys.getsizeof(o.detail) + 8 * len(o.tests)
+                                         for o in kept.values())
+            entry = CachedResult(None, None, kept, size)
+        if entry.size > self.max_bytes:
+            return
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self.bytes -= old.size
+        self._entries[key] = entry
+        self.bytes += entry.size
+        while len(self._entries) > self.max_entries or self.bytes > self.max_bytes:
+            _, dropped = self._entries.popitem(last=False)
+            self.bytes -= dropped.size
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -115,13 +258,15 @@ class Scorer:
         scheme: str | RewardScheme | None = "original",
         cache_size: int = 4096,
         timeout: float | None = None,
+        cache_bytes: int = CACHE_BYTES,
     ) -> None:
         """``timeout`` (e.g. ``SandboxGRPOConfig.sandbox_timeout``) is handed to tasks as the row's ``timeout``
-        column unless the row sets its own."""
+        column unless the row sets its own. ``cache_size`` and ``cache_bytes`` bound the result cache
+        in entries and in bytes (``sandbox_cache_size``, ``sandbox_cache_bytes``)."""
         self.pool = pool
         self.scheme = get_scheme(scheme)
         self._use_task_scheme = scheme == "task"
-        self.cache = ResultCache(cache_size)
+        self.cache = ResultCache(cache_size, cache_bytes)
         self.timeout = timeout
         spec = pool.spec
         self._salt = f"{pool.provider.name}|{spec.image}|{spec.limits}|{timeout}"
@@ -160,10 +305,15 @@ class Scorer:
         by_key: dict[str, tuple[Program, list[int]]] = {}
         rows_for_score: list[Mapping[str, Any]] = list(rows)
 
-        def finish(i: int, outcome: Outcome) -> None:
+        def final(i: int, outcome: Outcome) -> Outcome:
+            # The reward comes from the whole outcome; only then is its detail clipped, so that
+            # what the host keeps (metrics, logs, results files, the cache) is bounded.
             if outcome.reward is None and outcome.status != "infra":
                 outcome = outcome.with_reward(self._reward(tasks[i], outcome))
-            outcomes[i] = outcome
+            return clip_detail(outcome)
+
+        def finish(i: int, outcome: Outcome) -> None:
+            outcomes[i] = outcome = final(i, outcome)
             stats.outcomes[outcome.status] += 1
             if on_result is not None:
                 on_result(i, outcome)
@@ -185,9 +335,19 @@ class Scorer:
 
         async def run_one(key: str, program: Program, indices: list[int]) -> None:
             hit = self.cache.get(key)
+            if hit is not None and hit.result is None:
+                # A large result was reduced to its outcomes: a hit needs every row's.
+                prints = [row_fingerprint(rows_for_score[i]) for i in indices]
+                if all(p is not None and p in hit.outcomes for p in prints):
+                    stats.cache_hits += 1
+                    for i, p in zip(indices, prints):
+                        finish(i, hit.outcomes[p])  # type: ignore[index]
+                    return
+                hit = None
             if hit is not None:
                 stats.cache_hits += 1
-                result, nonce = hit
+                result, nonce = hit.result, hit.nonce
+                assert result is not None
             else:
                 nonce = os.urandom(NONCE_BYTES) if program.nonce_on_stdin else None
                 stdin = program.stdin
@@ -202,7 +362,6 @@ class Scorer:
                         finish(i, Outcome("infra", detail=f"{type(exc).__name__}: {exc}"))
                     return
                 stats.executed += 1
-                self.cache.put(key, result, nonce)
             # Decoding and comparing what a program returned is host work on model-controlled
             # data: it runs on a worker thread, so a crafted result cannot stall the pool's loop.
             group, group_rows = [tasks[i] for i in indices], [rows_for_score[i] for i in indices]
@@ -211,6 +370,16 @@ class Scorer:
             else:
                 loop = asyncio.get_running_loop()
                 scored = await loop.run_in_executor(self._executor, _score_all, group, result, group_rows, nonce)
+            scored = [final(i, outcome) for i, outcome in zip(indices, scored)]
+            if hit is None:
+                if self.cache.keeps_whole(result):
+                    self.cache.put(key, result, nonce)
+                elif all(o.status != "infra" for o in scored):
+                    # Scored from the whole result above; only these outcomes are kept.
+                    prints = [row_fingerprint(r) for r in group_rows]
+                    if all(p is not None for p in prints):
+                        self.cache.put(key, result, nonce, dict(zip(prints, scored)))  # type: ignore[arg-type]
+            del result  # a flood's decoded output leaves the host with this call, not with the cache
             for i, outcome in zip(indices, scored):
                 finish(i, outcome)
 

@@ -240,6 +240,7 @@ class SandboxGRPOTrainer(GRPOTrainer):
             timeout=args.sandbox_timeout,
             deadline_s=args.sandbox_reward_deadline_s,
             cache_size=args.sandbox_cache_size,
+            cache_bytes=args.sandbox_cache_bytes,
         )
 
     # -- lifecycle ---------------------------------------------------------------------------
