@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import replace
@@ -382,3 +383,142 @@ def check_scorer_end_to_end_on_the_sorting_task(
     assert [(o.status, o.passed, o.total, o.reward) for o in outcomes] == [
         ("passed", 5, 5, 1.0), ("failed", 1, 5, 0.2)]
     assert live() == []
+
+
+# -- clean leases on a long-lived remote sandbox -------------------------------------------------
+
+# A process a hostile program leaves behind. Whatever started it, it ignores the polite signals and
+# then, until it is killed, spins the CPU and goes after every later program it can see (one whose
+# command line holds the victim's mark): reads its stdin (a judge's payload), kills it, and rewrites
+# the victim's own file in the work directory.
+_LEFTOVER = r"""
+import os, signal, sys, time
+for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+    signal.signal(sig, signal.SIG_IGN)
+work, mark = sys.argv[1], (sys.argv[2] + sys.argv[3]).encode()
+end = time.monotonic() + 30
+while time.monotonic() < end:
+    for name in os.listdir('/proc'):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f'/proc/{name}/cmdline', 'rb') as fh:
+                if mark not in fh.read():
+                    continue
+            loot = b''
+            try:
+                with open(f'/proc/{name}/fd/0', 'rb') as fh:
+                    loot = fh.read(4096)
+            except OSError:
+                pass
+            for where in (os.path.join(work, 'loot'), '/tmp/loot'):
+                with open(where, 'wb') as fh:
+                    fh.write(loot or b'seen')
+            with open(os.path.join(work, 'mine.txt'), 'w') as fh:
+                fh.write('changed by a leftover')
+            os.kill(int(name), signal.SIGKILL)
+        except OSError:
+            pass
+"""
+# Marks in command lines, never written out whole where another process could match them by mistake.
+_VICTIM_MARK = ("VICTIM", "-3f1c")
+_LEFTOVER_MARK = ("LEFTOVER", "-9d2e")
+
+
+def _attacker(style: str) -> list[str]:
+    """A program that leaves ``_LEFTOVER`` running (``style``: plain background child, own session,
+    double fork) and fills ``/tmp`` and ``/dev/shm``, then exits 0 at once."""
+    code = f"""
+import os, subprocess, sys
+leftover = [sys.executable, '-c', {_LEFTOVER!r}, os.getcwd(), *{_VICTIM_MARK!r}, ''.join({_LEFTOVER_MARK!r})]
+quiet = dict(stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+for place in ('/tmp/fill', '/dev/shm/fill'):
+    with open(place, 'wb') as fh:
+        fh.write(b'x' * (8 << 20))
+style = {style!r}
+if style == 'double-fork':
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            subprocess.Popen(leftover, **quiet)
+        os._exit(0)
+    os.wait()
+else:
+    subprocess.Popen(leftover, start_new_session=(style == 'setsid'), **quiet)
+print('left', style)
+"""
+    return ["python3", "-c", code]
+
+
+# The next program: it writes its own file, waits a little (a leftover polls without pausing), then
+# reports what it sees: processes carrying the leftover's mark, its file, and what is left in /tmp.
+_VICTIM = f"""
+import json, os, sys, time
+secret = sys.stdin.read()
+with open('mine.txt', 'w') as fh:
+    fh.write(secret)
+time.sleep(0.4)
+others = []
+for name in os.listdir('/proc'):
+    if name.isdigit() and int(name) != os.getpid():
+        try:
+            with open(f'/proc/{{name}}/cmdline', 'rb') as fh:
+                if ''.join({_LEFTOVER_MARK!r}).encode() in fh.read():
+                    others.append(int(name))
+        except OSError:
+            pass
+scratch = sorted(n for d in ('/tmp', '/dev/shm') for n in os.listdir(d) if n in ('fill', 'loot'))
+print(json.dumps({{"others": others, "file": open('mine.txt').read() == secret, "scratch": scratch,
+                  "loot": os.path.exists('loot')}}))
+"""
+VICTIM_SECRET = "the judge's payload: expected values of the hidden tests\n"
+
+
+def _victim() -> list[str]:
+    return ["python3", "-c", _VICTIM, "".join(_VICTIM_MARK)]
+
+
+LEFTOVER_STYLES = ("plain", "setsid", "double-fork")
+
+
+def check_leftovers_cannot_reach_the_next_lease(
+    make: ProviderFactory, *, styles: Sequence[str] = LEFTOVER_STYLES
+) -> dict[str, ExecResult]:
+    """For each way of leaving a process behind, one attacker and then one victim on a pool of a
+    single sandbox (so the victim gets the attacker's sandbox, after the usual reset): the victim
+    must run to the end with exactly its own result: no process of the earlier lease visible in its
+    ``/proc``, its file unchanged, no ``/tmp`` or ``/dev/shm`` leftovers, nothing of its stdin taken.
+
+    Returns the victims' results by style (for a positive control: against a provider whose leases
+    are not clean, the same check must fail)."""
+    p = make()
+    victims: dict[str, ExecResult] = {}
+    with SandboxPool.open(p, size=1, spec=SandboxSpec(), pool_settings=FAST) as pool:
+        for style in styles:
+            attack = pool.run(_attacker(style), timeout=10)
+            assert attack.exit_code == 0 and attack.stdout == f"left {style}\n", attack
+            victims[style] = pool.run(_victim(), stdin=VICTIM_SECRET, timeout=10)
+    for style, result in victims.items():
+        assert result.exit_code == 0 and not result.timed_out, f"{style}: the victim did not finish: {result!r}"
+        report = json.loads(result.stdout)
+        assert report == {"others": [], "file": True, "scratch": [], "loot": False}, f"{style}: {report}"
+    return victims
+
+
+def check_a_reset_rides_with_the_next_exec(
+    make: ProviderFactory, exec_calls: Callable[[], int], *, programs: int = 6
+) -> int:
+    """A pool of one runs ``programs`` programs, each lease reset: the service sees one exec per
+    program (the reset travels with the next exec), and each program finds the work dir and /tmp
+    empty of what the one before left. Returns the exec calls counted."""
+    p = make()
+    write = ("import os; print(sorted(os.listdir('.')), sorted(n for n in os.listdir('/tmp') if n.startswith('x-')));"
+             " open('left.txt', 'w').write('x'); open('/tmp/x-' + str(os.getpid()), 'w').write('x')")
+    with SandboxPool.open(p, size=1, spec=SandboxSpec(), pool_settings=FAST) as pool:
+        pool.run(["true"], timeout=10)  # the sandbox exists, prepared
+        before = exec_calls()
+        seen = [pool.run(["python3", "-c", write], timeout=10).stdout for _ in range(programs)]
+        calls = exec_calls() - before
+    assert calls == programs, f"{calls} exec requests for {programs} programs"
+    assert seen == ["[] []\n"] * programs, seen
+    return calls

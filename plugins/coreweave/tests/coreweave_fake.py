@@ -4,9 +4,15 @@ A ``grpc.aio`` server (on its own event-loop thread) built from the servicer cla
 ``cwsandbox`` wheel. It implements CreateSandbox, GetSandbox, ListSandboxes (tags, paging),
 DeleteSandbox, StreamExec (ready/output/exit frames, stdin frames, separate stdout and stderr),
 WriteFile and ReadFile; everything else answers UNIMPLEMENTED, which makes the SDK fall back from
-the direct data plane to the gateway, as it would against a service without one. Commands run for
-real on this host: it stands in for the vendor's cloud, so only trusted test programs may be sent.
-A command whose RPC ends early (deadline, cancellation) has its process group killed.
+the direct data plane to the gateway, as it would against a service without one. A command whose
+RPC ends early (deadline, cancellation) has its process group killed.
+
+Each fake sandbox is a container of its own on this host (``trl_sandbox.fake_container``: a
+bubblewrap with its own PID namespace, ``/tmp``, ``/var/tmp`` and ``/dev/shm``), as CoreWeave gives
+each sandbox a pod: commands and file transfers happen inside it, a process a command leaves running
+lives on there for the next command (until the sandbox is deleted), and a command sees only its own
+sandbox's processes. ``exec_commands`` records the argv of every exec, per sandbox. It stands in for
+the vendor's cloud: only test programs may be sent to it.
 
 Faults are injected per RPC (``create``, ``get``, ``list``, ``delete``, ``exec``, ``write``,
 ``read``): ``fail(rpc, code, times, message, retry_delay, reason, match)`` aborts the next calls
@@ -23,7 +29,6 @@ import itertools
 import os
 import random
 import signal
-import sys
 import threading
 import time
 import uuid
@@ -33,6 +38,8 @@ import grpc
 from cwsandbox._proto import sandbox_pb2, sandbox_pb2_grpc
 from google.protobuf import any_pb2, duration_pb2, timestamp_pb2
 from google.rpc import error_details_pb2, status_pb2
+
+from trl_sandbox.fake_container import FakeContainer, FileError
 
 API_KEY = "test-key"
 DOMAIN = "cwsandbox.com"
@@ -46,6 +53,7 @@ class FakeSandbox:
     state: int = S.STATE_RUNNING
     created: float = field(default_factory=time.time)
     procs: set = field(default_factory=set)
+    box: FakeContainer | None = None  # the sandbox's container on this host
 
     @property
     def tags(self) -> list[str]:
@@ -103,6 +111,7 @@ class FakeCoreWeave:
         self.sandboxes: dict[str, FakeSandbox] = {}
         self.deleted: list[str] = []
         self.calls: list[tuple[str, str | None]] = []
+        self.exec_commands: dict[str, list[list[str]]] = {}
         self.faults: dict[str, list[Fault]] = {}
         self.stuck_creates = 0
         self.created_tags: list[list[str]] = []
@@ -141,6 +150,9 @@ class FakeCoreWeave:
             for proc in self.spawned:
                 if proc.returncode is None:
                     _killpg(proc)
+            for sandbox in self.sandboxes.values():
+                if sandbox.box is not None:
+                    sandbox.box.kill()
         if self._server is not None:
             asyncio.run_coroutine_threadsafe(self._server.stop(None), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -182,6 +194,7 @@ class FakeCoreWeave:
             sandbox = self.sandboxes.pop(sandbox_id)
             for proc in list(sandbox.procs):
                 _killpg(proc)
+            sandbox.box.kill()
 
     def live(self) -> list[str]:
         with self.lock:
@@ -245,8 +258,10 @@ class _Servicer(sandbox_pb2_grpc.SandboxServiceServicer):
     async def CreateSandbox(self, request, context):
         await self._enter("create", context, request)
         fake = self.fake
+        container = await asyncio.get_running_loop().run_in_executor(None, FakeContainer)
         with fake.lock:
-            sandbox = FakeSandbox(f"cw-{next(fake._ids)}-{uuid.uuid4().hex[:6]}", request.sandbox.spec)
+            sandbox = FakeSandbox(f"cw-{next(fake._ids)}-{uuid.uuid4().hex[:6]}", request.sandbox.spec,
+                                  box=container)
             if fake.stuck_creates > 0:
                 fake.stuck_creates -= 1
                 sandbox.state = S.STATE_CREATING
@@ -285,6 +300,7 @@ class _Servicer(sandbox_pb2_grpc.SandboxServiceServicer):
                 fake.deleted.append(sandbox.id)
             for proc in list(sandbox.procs):
                 _killpg(proc)
+            sandbox.box.kill()
         return sandbox_pb2.DeleteSandboxResponse(sandbox=fake.message(sandbox))
 
     # -- data plane ------------------------------------------------------------------------------
@@ -295,12 +311,13 @@ class _Servicer(sandbox_pb2_grpc.SandboxServiceServicer):
         await self._enter("exec", context, first, init.sandbox_id)
         sandbox = await self._sandbox(context, init.sandbox_id, running=True)
         # ``python3`` is this interpreter, as if it were the image's.
-        path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "/usr/bin:/bin")])
-        env = {"PATH": path, "HOME": "/tmp", "LANG": "C.UTF-8", **dict(sandbox.container.environment_variables)}
+        env = {**sandbox.box.env, **dict(sandbox.container.environment_variables)}
+        with self.fake.lock:
+            self.fake.exec_commands.setdefault(sandbox.id, []).append(list(init.command))
         try:
             proc = await asyncio.create_subprocess_exec(
-                *init.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, env=env, cwd="/", start_new_session=True)
+                *sandbox.box.argv(list(init.command)), stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True)
         except OSError as exc:
             yield sandbox_pb2.ExecStreamResponse(error=sandbox_pb2.ExecStreamError(message=str(exc), code="EXEC_FAILED"))
             return
@@ -359,23 +376,23 @@ class _Servicer(sandbox_pb2_grpc.SandboxServiceServicer):
 
     async def WriteFile(self, request, context):
         await self._enter("write", context, request, request.sandbox_id)
-        await self._sandbox(context, request.sandbox_id, running=True)
+        sandbox = await self._sandbox(context, request.sandbox_id, running=True)
         try:
-            with open(request.path, "wb") as fh:
-                fh.write(request.content)
-        except OSError as exc:
-            reason = "CWSANDBOX_FILE_NOT_FOUND" if isinstance(exc, FileNotFoundError) else "CWSANDBOX_FILE_IO_FAILED"
+            await asyncio.get_running_loop().run_in_executor(
+                None, sandbox.box.write, request.path, bytes(request.content))
+        except FileError as exc:
+            reason = "CWSANDBOX_FILE_NOT_FOUND" if exc.errno == 2 else "CWSANDBOX_FILE_IO_FAILED"
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc),
                                 _details(grpc.StatusCode.FAILED_PRECONDITION, str(exc), None, reason))
         return sandbox_pb2.WriteFileResponse()
 
     async def ReadFile(self, request, context):
         await self._enter("read", context, request, request.sandbox_id)
-        await self._sandbox(context, request.sandbox_id, running=True)
+        sandbox = await self._sandbox(context, request.sandbox_id, running=True)
         try:
-            with open(request.path, "rb") as fh:
-                return sandbox_pb2.ReadFileResponse(content=fh.read())
-        except OSError as exc:
-            reason = "CWSANDBOX_FILE_NOT_FOUND" if isinstance(exc, FileNotFoundError) else "CWSANDBOX_FILE_IO_FAILED"
+            content = await asyncio.get_running_loop().run_in_executor(None, sandbox.box.read, request.path)
+            return sandbox_pb2.ReadFileResponse(content=content)
+        except FileError as exc:
+            reason = "CWSANDBOX_FILE_NOT_FOUND" if exc.errno == 2 else "CWSANDBOX_FILE_IO_FAILED"
             await context.abort(grpc.StatusCode.NOT_FOUND, str(exc),
                                 _details(grpc.StatusCode.NOT_FOUND, str(exc), None, reason))

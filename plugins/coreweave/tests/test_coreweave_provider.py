@@ -8,6 +8,8 @@ import os
 # when the fake stops. Read when gRPC is first imported.
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
+import asyncio  # noqa: E402
+import subprocess  # noqa: E402
 import time  # noqa: E402
 
 import grpc  # noqa: E402
@@ -143,22 +145,27 @@ def test_timeout_is_a_result_and_the_sandbox_survives(provider):
     testing.check_timeout_is_a_result(provider)
 
 
-def test_a_command_that_outlives_its_cancelled_rpc_is_killed_in_the_sandbox(fake, provider, tmp_path):
+def test_a_command_that_outlives_its_cancelled_rpc_is_killed_in_the_sandbox(fake, provider):
     fake.kill_on_cancel = False  # a service that does not stop the command when the exec RPC ends
-    p = provider()
-    pidfile = tmp_path / "pid"
+    p = provider(clean_leases=False)  # the launcher would end it too: this is about `timeout -s KILL`
+
+    def still_there(box) -> bool:
+        return subprocess.run(box.argv(["pgrep", "-f", "sleep 61.25"]), capture_output=True).returncode == 0
 
     async def go():
         sandbox = await p.create(SandboxSpec())
-        return await sandbox.exec(["sh", "-c", f"echo $$ > {pidfile}; exec sleep 60"], timeout=1)
+        box = fake.sandboxes[sandbox.id].box
+        result = await sandbox.exec(["sh", "-c", "exec sleep 61.25"], timeout=1)
+        seen = [await asyncio.to_thread(still_there, box)]  # right after the RPC's deadline: still there
+        deadline = time.monotonic() + 10
+        while seen[-1] and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)  # waiting for the in-sandbox `timeout -s KILL` is the thing under test
+            seen.append(await asyncio.to_thread(still_there, box))
+        return result, seen
 
-    assert run(closing(p, go())).timed_out
-    pid = int(pidfile.read_text())
-    deadline = time.monotonic() + 10
-    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
-        time.sleep(0.05)  # waiting for the in-sandbox `timeout -s KILL` is the thing under test
-    assert not os.path.exists(f"/proc/{pid}")
-    assert time.monotonic() < deadline
+    result, seen = run(closing(p, go()))
+    assert result.timed_out
+    assert seen[0] and not seen[-1]
 
 
 def test_files_reset_and_alive(provider):
@@ -293,3 +300,33 @@ def test_lifetime_is_capped_so_leftovers_end_within_minutes(fake, provider):
     assert run(closing(provider(), lifetime(provider(max_lifetime_s=600), SandboxSpec()))) == 600
     with pytest.raises(ConfigError, match="max_lifetime_s"):
         provider(max_lifetime_s=10)
+
+
+# -- clean leases: what a program leaves cannot reach the next one --------------------------------
+
+
+@pytest.mark.parametrize("isolation", ["auto", "sweep"])
+def test_leftover_processes_cannot_reach_the_next_lease(provider, isolation):
+    """A program leaves a process (background child, own session, double fork; ignoring SIGTERM)
+    that spins, fills /tmp and /dev/shm, and waits to kill, rob and tamper with the next program;
+    the next program on that sandbox runs to its own result and sees none of it. ``auto`` gets a
+    PID namespace per program on the fake; ``sweep`` is what an image refusing namespaces gets."""
+    testing.check_leftovers_cannot_reach_the_next_lease(lambda: provider(isolation=isolation))
+
+
+def test_positive_control_leftovers_reach_the_next_lease_without_the_launcher(provider):
+    """The fake is honest: with plain SDK execs (no launcher) and the old reset, the same leftover
+    survives into the next lease and gets the victim (or at least is seen by it)."""
+    with pytest.raises(AssertionError):
+        testing.check_leftovers_cannot_reach_the_next_lease(lambda: provider(clean_leases=False),
+                                                            styles=["setsid"])
+
+
+def test_a_reset_rides_with_the_next_exec(fake, provider):
+    assert testing.check_a_reset_rides_with_the_next_exec(provider, lambda: fake.count("exec")) == 6
+
+
+def test_positive_control_without_the_launcher_a_reset_costs_an_exec(fake, provider):
+    with pytest.raises(AssertionError, match="1[23] exec requests for 6 programs"):
+        testing.check_a_reset_rides_with_the_next_exec(lambda: provider(clean_leases=False),
+                                                       lambda: fake.count("exec"))

@@ -54,6 +54,7 @@ from trl_sandbox import (
     SandboxInfo,
     SandboxSpec,
 )
+from trl_sandbox.remote_lease import FAILED_EXIT, LAUNCHER_SOURCE, Lease, failure, probe_argv
 from trl_sandbox.sandbox import exec_arguments
 from trl_sandbox.settings import flag, number
 
@@ -159,6 +160,10 @@ class CoreWeaveSandbox:
         self.work_dir = provider.work_dir_for(self.id)
         self.limits: ResourceLimits = spec.limits
         self.tools: set[str] = set()
+        # The lease launcher (``trl_sandbox.remote_lease``): a clean lease and an isolated program
+        # per exec. None when the image has no python3 (the old behaviour, with a warning).
+        self.lease: Lease | None = None
+        self._busy = 0
         self._provider = provider
         self._sb = sdk_sandbox
 
@@ -172,17 +177,27 @@ class CoreWeaveSandbox:
         work = shlex.quote(self.work_dir)
         script = (f"mkdir -p -- {work} && for tool in prlimit timeout env; do "
                   'if command -v "$tool" >/dev/null 2>&1; then echo "tool=$tool"; fi; done')
+        clean = self._provider.clean_leases
+        if clean:  # the launcher's probe rides in the same exec (its source and spec as $1 and $2)
+            script += '; python3 -I -S -c "$1" "$2" </dev/null 2>/dev/null; true'
         try:
-            result = await self._sb.exec(["/bin/sh", "-c", script], timeout_seconds=60)
+            result = await self._sb.exec(["/bin/sh", "-c", script, "sh", LAUNCHER_SOURCE, probe_argv()[-1]] if clean
+                                         else ["/bin/sh", "-c", script], timeout_seconds=60)
         except Exception as exc:
             raise translate(exc, "preparing the work directory", self.id) from exc
         if result.returncode != 0:
             raise InfraError(f"CoreWeave Sandbox: sandbox {self.id}: could not create {self.work_dir}: "
                              f"{result.stderr or result.stdout!r}")
         self.tools = {line[5:] for line in result.stdout.splitlines() if line.startswith("tool=")}
+        if clean:
+            self.lease = Lease.from_probe(result.stdout, self.id, "coreweave")
+            if self.lease is not None and self._provider.isolation == "sweep":
+                self.lease.isolation = "sweep"
 
-    def command(self, argv: list[str], timeout: float, env: Mapping[str, str] | None) -> list[str]:
-        """argv wrapped with the environment, the in-sandbox kill and the resource limits."""
+    def command(self, argv: list[str], timeout: float, env: Mapping[str, str] | None,
+                cwd: str | None = None) -> tuple[list[str], str | None]:
+        """argv wrapped with the environment, the in-sandbox kill and the resource limits (the
+        launcher applies them and the cwd, and carries a due reset); and the launcher's tag."""
         prefix: list[str] = []
         if env:
             if "env" not in self.tools:
@@ -190,12 +205,16 @@ class CoreWeaveSandbox:
             prefix += ["env", "--", *(f"{k}={v}" for k, v in env.items())]
         if self._provider.kill_after_timeout and "timeout" in self.tools:
             prefix += ["timeout", "-s", "KILL", str(math.ceil(timeout) + _GRACE_S)]
+        if self.lease is not None:
+            launcher, tag = self.lease.argv(argv, work=self.work_dir, cwd=cwd,
+                                            limits=self.limits if self._provider.rlimits else None)
+            return [*prefix, *launcher], tag
         if self._provider.rlimits and "prlimit" in self.tools:
             limits = self.limits
             prefix += ["prlimit", f"--cpu={max(1, math.ceil(limits.cpu_seconds))}",
                        f"--as={int(limits.memory_mb) << 20}", f"--fsize={int(limits.file_size_mb) << 20}",
                        f"--nofile={int(limits.open_files)}", "--"]
-        return [*prefix, *argv]
+        return [*prefix, *argv], None
 
     async def exec(
         self,
@@ -207,10 +226,23 @@ class CoreWeaveSandbox:
         env: Mapping[str, str] | None = None,
     ) -> ExecResult:
         argv, stdin = exec_arguments(argv, stdin, timeout)
-        command = self.command(argv, timeout, {str(k): str(v) for k, v in (env or {}).items()})
+        self._busy += 1
+        try:
+            return await self._exec(argv, stdin, timeout, cwd, env)
+        finally:
+            self._busy -= 1
+
+    async def _exec(self, argv: list[str], stdin: bytes | None, timeout: float, cwd: str | None,
+                    env: Mapping[str, str] | None) -> ExecResult:
+        full_cwd = self._path(cwd) if cwd else self.work_dir
+        command, tag = self.command(argv, timeout, {str(k): str(v) for k, v in (env or {}).items()}, full_cwd)
+        reset = False
+        if self.lease is not None:
+            reset, self.lease.reset_due = self.lease.reset_due, False
         started = time.monotonic()
         try:
-            process = self._sb.exec(command, cwd=self._path(cwd) if cwd else self.work_dir,
+            # With the launcher, no cwd for the SDK (it would wrap the argv in one more shell).
+            process = self._sb.exec(command, cwd=None if tag is not None else full_cwd,
                                     timeout_seconds=float(timeout), stdin=bool(stdin))
             if stdin:
                 try:
@@ -222,10 +254,16 @@ class CoreWeaveSandbox:
         except Exception as exc:
             if _is_exec_timeout(exc):
                 return ExecResult(exit_code=None, timed_out=True, duration_s=time.monotonic() - started)
+            if reset:
+                self.lease.reset_due = True  # it may not have reached the sandbox: carry it again
             raise translate(exc, "exec", self.id) from exc
         duration = time.monotonic() - started
         cap = self.limits.output_bytes
         out, err = result.stdout_bytes, result.stderr_bytes
+        if tag is not None and result.returncode == FAILED_EXIT:
+            why = failure(out.decode("utf-8", "replace"), tag)
+            if why is not None:
+                raise InfraError(f"CoreWeave Sandbox: sandbox {self.id}: the lease launcher failed: {why}")
         truncated = len(out) > cap or len(err) > cap
         return ExecResult(
             exit_code=result.returncode,
@@ -235,12 +273,20 @@ class CoreWeaveSandbox:
             duration_s=duration,
         )
 
+    async def _flush_reset(self) -> None:
+        """Carry a due reset now (one exec), before a file operation that must see its result."""
+        if self.lease is not None and self.lease.reset_due:
+            result = await self._exec(["true"], None, 30, None, None)
+            if result.exit_code != 0:
+                raise InfraError(f"CoreWeave Sandbox: sandbox {self.id}: reset failed: {result.stderr!r}")
+
     async def write_file(self, path: str, data: bytes) -> None:
         """Write a file; missing parent directories are created (when the service does not do it)."""
         from cwsandbox import SandboxFileError
 
         if isinstance(data, str):
             data = data.encode()
+        await self._flush_reset()
         full = self._path(path)
         parent = posixpath.dirname(full)
         try:
@@ -261,6 +307,7 @@ class CoreWeaveSandbox:
     async def read_file(self, path: str) -> bytes:
         from cwsandbox import SandboxFileError
 
+        await self._flush_reset()
         try:
             return bytes(await self._sb.read_file(self._path(path)))
         except SandboxFileError as exc:
@@ -271,6 +318,12 @@ class CoreWeaveSandbox:
             raise translate(exc, f"reading {path}", self.id) from exc
 
     async def reset(self) -> None:
+        """With the lease launcher, the reset travels with the next exec (no request of its own):
+        that exec first kills what earlier programs left (ns mode: nothing can be left) and empties
+        /tmp, /var/tmp, /dev/shm and the work directory. Without it, one exec empties the work dir."""
+        if self.lease is not None:
+            self.lease.reset_due = True
+            return
         work = shlex.quote(self.work_dir)
         try:
             result = await self._sb.exec(["/bin/sh", "-c", f"rm -rf -- {work} && mkdir -p -- {work}"],
@@ -279,6 +332,13 @@ class CoreWeaveSandbox:
             raise translate(exc, "reset", self.id) from exc
         if result.returncode != 0:
             raise InfraError(f"CoreWeave Sandbox: sandbox {self.id}: reset failed: {result.stderr!r}")
+
+    def defer_reset(self) -> bool:
+        """``reset`` without awaiting, for a pool taking the sandbox back (True: due with the next exec)."""
+        if self.lease is None or self._busy:
+            return False
+        self.lease.reset_due = True
+        return True
 
     async def alive(self) -> bool:
         from cwsandbox import SandboxError as SDKSandboxError
@@ -356,6 +416,8 @@ class CoreWeaveProvider:
         max_concurrency: int | None = None,
         sdk_signal_handlers: bool = False,
         max_lifetime_s: float = 1800.0,
+        clean_leases: bool = True,
+        isolation: str = "auto",
     ) -> None:
         import cwsandbox
 
@@ -395,6 +457,10 @@ class CoreWeaveProvider:
         self.start_timeout_s = number("coreweave", "start_timeout_s", start_timeout_s, float, 1)
         self.request_timeout_s = number("coreweave", "request_timeout_s", request_timeout_s, float, 1)
         self.stop_grace_s = number("coreweave", "stop_grace_s", stop_grace_s, float, 0)
+        self.clean_leases = flag("coreweave", "clean_leases", clean_leases)
+        if isolation not in ("auto", "sweep"):
+            raise ConfigError(f"coreweave provider setting isolation={isolation!r} must be auto or sweep")
+        self.isolation = isolation
         # The service has no idle stop and no way to extend a lifetime, so a short one is the only
         # bound on a killed run's leftovers; the pool replaces members before it ends.
         self.lifetime_cap_s = number("coreweave", "max_lifetime_s", max_lifetime_s, float, 60)

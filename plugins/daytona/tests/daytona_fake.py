@@ -4,8 +4,14 @@ It implements the REST endpoints the SDK calls for what the provider uses: creat
 labels (paged by cursor), delete, last-activity, and on the toolbox (``toolboxProxyUrl`` points back
 here) ``process/execute`` and ``files/bulk-upload`` / ``files/bulk-download``. Like Daytona's
 daemon, ``process/execute`` feeds the command text to ``/bin/sh`` on its stdin, merges stderr into
-stdout, and on timeout kills the process group and answers 408. Commands run for real on this host:
-it stands in for the vendor's cloud, so only trusted test programs may be sent to it.
+stdout, and on timeout kills the process group and answers 408.
+
+Each fake sandbox is a container of its own on this host (``trl_sandbox.fake_container``: a
+bubblewrap with its own PID namespace, ``/tmp``, ``/var/tmp`` and ``/dev/shm``), as Daytona gives
+each sandbox its own container: commands, uploads and downloads happen inside it, a process a
+command leaves running lives on there for the next command (until the sandbox is deleted), and a
+command sees only its own sandbox's processes. ``exec_commands`` records the command text of every
+exec, per sandbox. It stands in for the vendor's cloud: only test programs may be sent to it.
 
 Faults are injected per route (``create``, ``get``, ``list``, ``delete``, ``exec``, ``upload``,
 ``download``, ``activity``): ``fail(route, status, times, headers, message, match)`` answers the
@@ -37,6 +43,8 @@ from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
+from trl_sandbox.fake_container import FakeContainer, FileError
+
 API_KEY = "test-key"
 
 
@@ -48,6 +56,7 @@ class FakeSandbox:
     created_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
     procs: set = field(default_factory=set)
     activity: int = 0
+    container: FakeContainer | None = None
 
 
 @dataclass
@@ -72,6 +81,7 @@ class FakeDaytona:
         self.sandboxes: dict[str, FakeSandbox] = {}
         self.deleted: list[str] = []
         self.calls: list[tuple[str, str | None]] = []  # (route, sandbox id)
+        self.exec_commands: dict[str, list[str]] = {}
         self.faults: dict[str, list[Fault]] = {}
         self.stuck_creates = 0
         self.created_labels: list[dict] = []
@@ -120,6 +130,9 @@ class FakeDaytona:
                         os.killpg(proc.pid, signal.SIGKILL)
                     except ProcessLookupError:
                         pass
+            sandboxes = list(self.sandboxes.values())
+        for sandbox in sandboxes:
+            _kill_all(sandbox)
 
     def fail(self, route: str, status: int, times: int = 1, headers: dict | None = None, message: str = "",
              match: str | None = None) -> None:
@@ -196,11 +209,14 @@ class FakeDaytona:
 
 
 def _kill_all(sandbox: FakeSandbox) -> None:
+    """The sandbox is gone: its container, and every process in it, with it."""
     for proc in list(sandbox.procs):
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    if sandbox.container is not None:
+        sandbox.container.kill()
 
 
 def _split_multipart(body: bytes, content_type: str) -> list[tuple[dict[str, str], bytes]]:
@@ -335,9 +351,9 @@ class _Handler(BaseHTTPRequestHandler):
         if route == "exec":
             return self._exec(sandbox, json.loads(body or b"{}"))
         if route == "upload":
-            return self._upload(body)
+            return self._upload(sandbox, body)
         if route == "download":
-            return self._download(json.loads(body or b"{}"))
+            return self._download(sandbox, json.loads(body or b"{}"))
 
     do_GET = do_POST = do_DELETE = _handle
 
@@ -345,9 +361,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _create(self, request: dict) -> None:
         fake = self.fake
+        container = FakeContainer()
         with fake.lock:
             sandbox_id = f"sbx-{next(fake._ids)}-{uuid.uuid4().hex[:6]}"
-            sandbox = FakeSandbox(sandbox_id, request)
+            sandbox = FakeSandbox(sandbox_id, request, container=container)
+            if fake._stopped:
+                container.kill()
             if fake.stuck_creates > 0:
                 fake.stuck_creates -= 1
                 sandbox.state = "starting"
@@ -371,17 +390,18 @@ class _Handler(BaseHTTPRequestHandler):
     # -- toolbox ---------------------------------------------------------------------------------
 
     def _exec(self, sandbox: FakeSandbox, request: dict) -> None:
-        # ``python3`` is this interpreter, as if it were the image's.
-        path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "/usr/bin:/bin")])
-        env = {"PATH": path, "HOME": "/tmp", "LANG": "C.UTF-8"}
+        container = sandbox.container
+        env = dict(container.env)  # ``python3`` is this interpreter, as if it were the image's
         env.update(sandbox.request.get("env") or {})
         env.update(request.get("envs") or {})
         cwd = request.get("cwd") or "/"
-        if not os.path.isdir(cwd):
+        if not container.isdir(cwd):
             return self._error(400, f"cwd {cwd} does not exist", "BAD_REQUEST")
         timeout = request.get("timeout") or None
-        proc = subprocess.Popen(["/bin/sh"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, cwd=cwd, env=env, start_new_session=True)
+        with self.fake.lock:
+            self.fake.exec_commands.setdefault(sandbox.id, []).append(request.get("command", ""))
+        proc = subprocess.Popen(container.argv(["/bin/sh"], cwd), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
         with self.fake.lock:
             sandbox.procs.add(proc)
             self.fake.spawned.append(proc)
@@ -401,7 +421,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._error(404, f"Sandbox {sandbox.id} not found", "NOT_FOUND")
         self._send(200, {"exitCode": proc.returncode, "result": out.decode("utf-8", "replace")})
 
-    def _upload(self, body: bytes) -> None:
+    def _upload(self, sandbox: FakeSandbox, body: bytes) -> None:
         # Fields ``files[i].path`` (the destination) and ``files[i].file`` (the bytes).
         paths: dict[str, str] = {}
         datas: dict[str, bytes] = {}
@@ -414,21 +434,19 @@ class _Handler(BaseHTTPRequestHandler):
         for index, data in datas.items():
             path = paths[index]
             try:  # like a strict daemon: the parent directory must exist
-                with open(path, "wb") as fh:
-                    fh.write(data)
-            except OSError as exc:
+                sandbox.container.write(path, data)
+            except FileError as exc:
                 return self._send(400, {"errors": [f"{path}: {exc.strerror.lower()}"]})
         self._send(200, raw=b"", content_type="text/plain")
 
-    def _download(self, request: dict) -> None:
+    def _download(self, sandbox: FakeSandbox, request: dict) -> None:
         boundary = uuid.uuid4().hex
         out = bytearray()
         for path in request.get("paths", []):
             out += f"--{boundary}\r\n".encode()
             try:
-                with open(path, "rb") as fh:
-                    data = fh.read()
-            except OSError as exc:
+                data = sandbox.container.read(path)
+            except FileError as exc:
                 error = {"message": f"{path}: {exc.strerror.lower()}", "statusCode": 404, "code": "FILE_NOT_FOUND",
                          "source": "DAYTONA_DAEMON"}
                 out += (f'Content-Disposition: form-data; name="error"; filename="{path}"\r\n'

@@ -329,3 +329,33 @@ def test_the_conformance_check_catches_merged_streams(provider, monkeypatch):
     monkeypatch.setattr(module, "split_streams", lambda output, nonce: (output, "", True))
     with pytest.raises(AssertionError):
         testing.check_exec(provider)
+
+
+# -- clean leases: what a program leaves cannot reach the next one --------------------------------
+
+
+@pytest.mark.parametrize("isolation", ["auto", "sweep"])
+def test_leftover_processes_cannot_reach_the_next_lease(provider, isolation):
+    """A program leaves a process (background child, own session, double fork; ignoring SIGTERM)
+    that spins, fills /tmp and /dev/shm, and waits to kill, rob and tamper with the next program;
+    the next program on that sandbox runs to its own result and sees none of it. ``auto`` gets a
+    PID namespace per program on the fake; ``sweep`` is what an image refusing namespaces gets."""
+    testing.check_leftovers_cannot_reach_the_next_lease(lambda: provider(isolation=isolation))
+
+
+def test_positive_control_leftovers_reach_the_next_lease_without_the_launcher(provider):
+    """The fake is honest: with plain SDK execs (no launcher) and the old reset, the same leftover
+    survives into the next lease and gets the victim (or at least is seen by it)."""
+    with pytest.raises(AssertionError):
+        testing.check_leftovers_cannot_reach_the_next_lease(lambda: provider(clean_leases=False),
+                                                            styles=["setsid"])
+
+
+def test_a_reset_rides_with_the_next_exec(fake, provider):
+    assert testing.check_a_reset_rides_with_the_next_exec(provider, lambda: fake.count("exec")) == 6
+
+
+def test_positive_control_without_the_launcher_a_reset_costs_an_exec(fake, provider):
+    with pytest.raises(AssertionError, match="1[23] exec requests for 6 programs"):
+        testing.check_a_reset_rides_with_the_next_exec(lambda: provider(clean_leases=False),
+                                                       lambda: fake.count("exec"))

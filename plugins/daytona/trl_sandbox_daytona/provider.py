@@ -28,6 +28,7 @@ What a caller can rely on:
 from __future__ import annotations
 
 import asyncio
+import base64
 import email.utils
 import logging
 import math
@@ -55,6 +56,7 @@ from trl_sandbox import (
     SandboxInfo,
     SandboxSpec,
 )
+from trl_sandbox.remote_lease import FAILED_EXIT, Lease, failure, probe_argv
 from trl_sandbox.sandbox import exec_arguments
 from trl_sandbox.settings import flag, number
 
@@ -71,6 +73,9 @@ KEY_HINT = (
 # "Sandbox resource limit reached (16)", "Total disk limit exceeded. Maximum allowed: 30GiB"
 _QUOTA = re.compile(r"(?<![a-z0-9_])(quota|limits?|exceed(s|ed)?)(?![a-z0-9_])", re.IGNORECASE)
 _GONE_STATES = {"destroyed", "destroying"}
+#: Stdin up to this size travels inside the exec's command (base64 here-document); larger stdin is
+#: uploaded first (one more request), as before the lease launcher.
+STDIN_INLINE_BYTES = 4 << 20
 
 
 def _env(name: str) -> str | None:
@@ -203,6 +208,10 @@ class DaytonaSandbox:
         self.work_dir = provider.work_dir_for(self.id)
         self.limits: ResourceLimits = spec.limits
         self.prlimit = False
+        # The lease launcher (``trl_sandbox.remote_lease``): a clean lease and an isolated program
+        # per exec. None when the image has no python3 (the old behaviour, with a warning).
+        self.lease: Lease | None = None
+        self._busy = 0
         self._provider = provider
         self._sb = sdk_sandbox
 
@@ -230,15 +239,22 @@ class DaytonaSandbox:
             raise translate(exc, what, self.id) from exc
 
     async def _prepare(self) -> None:
-        """Create the work directory and see whether ``prlimit`` is there to apply the limits."""
+        """Create the work directory, see whether ``prlimit`` is there to apply the limits, and
+        probe what the lease launcher may do in this image (the same single request)."""
         work = shlex.quote(self.work_dir)
+        probe = shlex.join(probe_argv()) if self._provider.clean_leases else "true"
         response = await self._shell(
-            f"mkdir -p -- {work} && if command -v prlimit >/dev/null 2>&1; then echo prlimit=yes; fi",
+            f"mkdir -p -- {work} && if command -v prlimit >/dev/null 2>&1; then echo prlimit=yes; fi; "
+            f"{probe} </dev/null 2>/dev/null; true",
             timeout=60, what="preparing the work directory",
         )
         if response.exit_code != 0:
             raise InfraError(f"Daytona: sandbox {self.id}: could not create {self.work_dir}: {response.result!r}")
         self.prlimit = "prlimit=yes" in (response.result or "")
+        if self._provider.clean_leases:
+            self.lease = Lease.from_probe(response.result or "", self.id, "daytona")
+            if self.lease is not None and self._provider.isolation == "sweep":
+                self.lease.isolation = "sweep"
 
     async def exec(
         self,
@@ -250,29 +266,58 @@ class DaytonaSandbox:
         env: Mapping[str, str] | None = None,
     ) -> ExecResult:
         argv, stdin = exec_arguments(argv, stdin, timeout)
+        self._busy += 1
+        try:
+            return await self._exec(argv, stdin, timeout, cwd, env)
+        finally:
+            self._busy -= 1
+
+    async def _exec(self, argv: list[str], stdin: bytes | None, timeout: float, cwd: str | None,
+                    env: Mapping[str, str] | None) -> ExecResult:
         nonce = secrets.token_hex(16)
-        stdin_path = None
-        if stdin:
+        lease = self.lease
+        stdin_path = heredoc = None
+        if stdin and lease is not None and len(stdin) <= STDIN_INLINE_BYTES:
+            heredoc = base64.encodebytes(bytes(stdin)).decode("ascii")  # no upload: it rides in the command
+        elif stdin:
+            if lease is not None and lease.reset_due:
+                await self._flush_reset()  # the reset would empty the work dir after the upload
             # Byte-exact stdin: upload it; the script opens it as the program's stdin and unlinks it.
             stdin_path = posixpath.join(self.work_dir, f".trl-sandbox-stdin-{uuid.uuid4().hex}")
             await self._upload(bytes(stdin), stdin_path, "uploading stdin")
         err_path = posixpath.join(posixpath.dirname(self.work_dir.rstrip("/")) or "/tmp",
                                   f".trl-sandbox-stderr-{uuid.uuid4().hex}")
-        command = split_streams_script(self._wrap(argv), nonce, err_path, stdin_path)
+        tag = None
+        reset = False
+        if lease is not None:
+            launcher, tag = lease.argv(argv, work=self.work_dir, cwd=self._path(cwd) if cwd else None,
+                                       limits=self.limits if self._provider.rlimits else None,
+                                       stdin_b64=heredoc is not None, keep=[err_path])
+            program, daemon_cwd = shlex.join(launcher), "/"
+            reset, lease.reset_due = lease.reset_due, False
+        else:
+            program, daemon_cwd = self._wrap(argv), self._path(cwd) if cwd else self.work_dir
+        command = split_streams_script(program, nonce, err_path, stdin_path, heredoc)
         started = time.monotonic()
         try:
             response = await self._sb.process.exec(
                 command,
-                cwd=self._path(cwd) if cwd else self.work_dir,
+                cwd=daemon_cwd,
                 env={str(k): str(v) for k, v in env.items()} if env else None,
                 timeout=max(1, math.ceil(timeout)),
             )
         except Exception as exc:
             if _is_exec_timeout(exc):
                 return ExecResult(exit_code=None, timed_out=True, duration_s=time.monotonic() - started)
+            if reset:
+                lease.reset_due = True  # it may not have reached the sandbox: carry it again
             raise translate(exc, "exec", self.id) from exc
         duration = time.monotonic() - started
         stdout, stderr, complete = split_streams(response.result or "", nonce)
+        if tag is not None and response.exit_code == FAILED_EXIT:
+            why = failure(stdout, tag)
+            if why is not None:
+                raise InfraError(f"Daytona: sandbox {self.id}: the lease launcher failed: {why}")
         cap = self.limits.output_bytes
         truncated = not complete or len(stdout) > cap or len(stderr) > cap
         return ExecResult(exit_code=response.exit_code, stdout=stdout[:cap], stderr=stderr[:cap],
@@ -284,10 +329,18 @@ class DaytonaSandbox:
         except Exception as exc:
             raise translate(exc, what, self.id) from exc
 
+    async def _flush_reset(self) -> None:
+        """Carry a due reset now (one exec), before a file operation that must see its result."""
+        if self.lease is not None and self.lease.reset_due:
+            result = await self._exec(["true"], None, 30, None, None)
+            if result.exit_code != 0:
+                raise InfraError(f"Daytona: sandbox {self.id}: reset failed: {result.stdout!r} {result.stderr!r}")
+
     async def write_file(self, path: str, data: bytes) -> None:
         """Write a file; missing parent directories are created (when the daemon does not do it)."""
         if isinstance(data, str):
             data = data.encode()
+        await self._flush_reset()
         full = self._path(path)
         parent = posixpath.dirname(full)
         try:
@@ -306,6 +359,7 @@ class DaytonaSandbox:
         from daytona import FileDownloadRequest
 
         full = self._path(path)
+        await self._flush_reset()
         try:
             (response,) = await self._sb.fs.download_files([FileDownloadRequest(source=full)])
         except Exception as exc:
@@ -320,10 +374,23 @@ class DaytonaSandbox:
         return data.encode() if isinstance(data, str) else bytes(data or b"")
 
     async def reset(self) -> None:
+        """With the lease launcher, the reset travels with the next exec (no request of its own):
+        that exec first kills what earlier programs left (ns mode: nothing can be left) and empties
+        /tmp, /var/tmp, /dev/shm and the work directory. Without it, one exec empties the work dir."""
+        if self.lease is not None:
+            self.lease.reset_due = True
+            return
         work = shlex.quote(self.work_dir)
         response = await self._shell(f"rm -rf -- {work} && mkdir -p -- {work}", timeout=30, what="reset")
         if response.exit_code != 0:
             raise InfraError(f"Daytona: sandbox {self.id}: reset failed: {response.result!r}")
+
+    def defer_reset(self) -> bool:
+        """``reset`` without awaiting, for a pool taking the sandbox back (True: due with the next exec)."""
+        if self.lease is None or self._busy:
+            return False
+        self.lease.reset_due = True
+        return True
 
     async def alive(self) -> bool:
         from daytona import DaytonaNotFoundError
@@ -397,6 +464,8 @@ class DaytonaProvider:
         create_timeout_s: float = 90.0,
         max_concurrency: int | None = None,
         connection_pool_maxsize: int | None = 250,
+        clean_leases: bool = True,
+        isolation: str = "auto",
     ) -> None:
         if not (api_key or _env("DAYTONA_API_KEY")) and not (
             (jwt_token or _env("DAYTONA_JWT_TOKEN")) and (organization_id or _env("DAYTONA_ORGANIZATION_ID"))
@@ -424,6 +493,10 @@ class DaytonaProvider:
         self.language = language
         self.network_allow_list = network_allow_list or None
         self.create_timeout_s = number("daytona", "create_timeout_s", create_timeout_s, float, 1)
+        self.clean_leases = flag("daytona", "clean_leases", clean_leases)
+        if isolation not in ("auto", "sweep"):
+            raise ConfigError(f"daytona provider setting isolation={isolation!r} must be auto or sweep")
+        self.isolation = isolation
         self.capabilities = Capabilities(
             network_isolation=True,
             files=True,

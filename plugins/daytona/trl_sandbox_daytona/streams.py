@@ -31,12 +31,24 @@ def _markers(nonce: str) -> tuple[str, str]:
     return f"[trl-sandbox:{nonce}:stderr]", f"[trl-sandbox:{nonce}:exit="
 
 
-def split_streams_script(program: str, nonce: str, err_path: str, stdin_path: str | None) -> str:
-    """The one-line shell command that runs ``program`` (already shell-quoted) with split streams."""
+def split_streams_script(program: str, nonce: str, err_path: str, stdin_path: str | None,
+                         heredoc: str | None = None) -> str:
+    """The shell command that runs ``program`` (already shell-quoted) with split streams.
+
+    ``heredoc`` (base64 text) travels in the command itself as the program's stdin: a here-document
+    after the one-line group, read by the shell with the script before anything runs, so stdin
+    needs no upload of its own (the lease launcher decodes it)."""
     if not nonce.isalnum():
         raise ValueError("the nonce must be alphanumeric (it is embedded in single quotes)")
     start, end = _markers(nonce)
     err = shlex.quote(err_path)
+    if heredoc is not None:
+        delimiter = f"TRL_STDIN_{nonce}"  # never in base64 text (no underscore there)
+        run = f"{{ {program} 2>{err}; }} <<'{delimiter}'"
+        return (
+            f"{{ {run}; rc=$?; printf '%s' '{start}'; cat -- {err} 2>/dev/null; rm -f -- {err}; "
+            f"printf '%s%s]\\n' '{end}' \"$rc\"; exit \"$rc\"; }}\n{heredoc.rstrip(chr(10))}\n{delimiter}\n"
+        )
     if stdin_path is None:
         # The daemon feeds the command text to the shell on its stdin: never let the program read it.
         run = f"{{ {program} 2>{err}; }} </dev/null"

@@ -1,0 +1,462 @@
+"""The launcher that runs every program inside a remote sandbox (Daytona, CoreWeave): a clean lease
+without an extra round trip. Sent as ``python3 -I -S -c SOURCE SPEC_JSON ARGV...`` with each exec;
+standard library only, Python 3.8+, Linux. Nothing of it is left in the sandbox between execs, so a
+program cannot change it.
+
+What one run does, in this order, before the program gets control:
+
+1. In ``sweep`` mode (namespaces refused by the image), stop and then SIGKILL every process that is
+   not this launcher, one of its ancestors (the vendor's daemon and its shell), PID 1, or one of
+   the processes the sandbox had when it was made (``spare``: pid and start time, so a recycled
+   pid is not spared). Stopping first means a process that forks as fast as it can cannot outrun
+   the sweep; SIGKILL cannot be caught or ignored; leaving the session or the process group
+   (``setsid``, double fork) changes nothing, since the sweep goes by pid, not by ancestry.
+2. If a reset is due, empty ``/tmp``, ``/var/tmp``, ``/dev/shm`` and the work directory (keeping
+   only ``keep``: the daemon shell's stderr file of this very exec), then recreate the work dir.
+3. Run the program. In ``ns`` mode it runs in a PID namespace of its own, whose first process (a
+   small init, below) dies with the launcher (``PR_SET_PDEATHSIG``) and ends the namespace when the
+   program ends: the kernel then kills every process the program left, however it detached. The
+   program sees a fresh ``/proc`` (its own processes only), a read-only root where the image allows
+   it (``/tmp``, ``/var/tmp``, ``/dev/shm`` and the work dir stay writable) and has no capabilities
+   left (bounding set, ambient, inheritable, effective and permitted all empty, no_new_privs), so it
+   cannot unmount that ``/proc``, enter another namespace, or regain them by exec. The namespace
+   comes from ``unshare(CLONE_NEWPID|CLONE_NEWNS)`` when the sandbox runs the daemon as root with
+   CAP_SYS_ADMIN, or else inside a new user namespace. In ``sweep`` mode the program runs as
+   ``uid`` (when the launcher may switch to it) and the sweep runs again after it exits.
+
+``probe`` mode only reports what the image allows (one JSON line) and the processes to spare; the
+provider runs it once, with the exec that prepares a new sandbox. A failure of the launcher's own
+work (a wipe, a namespace refused after the probe allowed it) is a line ``[trl-sandbox-lease:TAG:
+failed] why`` on stdout before the program ever ran, and exit status 125: the provider turns it
+into ``InfraError`` (the pool replaces the sandbox). Program failures keep their own status; a
+program killed by a signal kills the launcher with the same signal, so the daemon reports it as it
+would have without the launcher.
+"""
+
+# Only modules that load in a few milliseconds (``signal``, ``json``, ``base64`` and ``shutil`` pull
+# in ``enum`` and ``re``, about 25 ms per exec): the launcher runs before every program.
+import _signal as signal
+import binascii
+import ctypes
+import os
+import resource
+import sys
+
+CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUSER = 0x20000, 0x20000000, 0x10000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 1, 24, 38, 47
+WRITABLE = ("/tmp", "/var/tmp", "/dev/shm")
+LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result, what):
+    if result != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"{what}: {os.strerror(errno)}")
+
+
+def _b(text):
+    return None if text is None else text.encode()
+
+
+def _mount(source, target, fstype, flags):
+    LIBC.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
+    _check(LIBC.mount(_b(source), _b(target), _b(fstype), flags, None), "mount " + target)
+
+
+def _prctl(option, arg):
+    LIBC.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    return LIBC.prctl(option, arg, 0, 0, 0)
+
+
+def _write(path, text):
+    with open(path, "w") as fh:
+        fh.write(text)
+
+
+def enter_namespaces():
+    """Make this process's next child PID 1 of a fresh PID namespace with its own mount namespace.
+
+    Returns how: "ns" (we hold CAP_SYS_ADMIN) or "userns" (inside a user namespace of our own).
+    Raises OSError when the image refuses both."""
+    try:
+        _check(LIBC.unshare(CLONE_NEWPID | CLONE_NEWNS), "unshare")
+        return "ns"
+    except OSError:
+        pass
+    uid, gid = os.getuid(), os.getgid()
+    _check(LIBC.unshare(CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNS), "unshare(user)")
+    _write("/proc/self/setgroups", "deny")
+    _write("/proc/self/uid_map", f"0 {uid} 1")
+    _write("/proc/self/gid_map", f"0 {gid} 1")
+    return "userns"
+
+
+def seal_filesystem(work):
+    """In the program's own mount namespace: a fresh /proc, a read-only root (where the image lets
+    us), the scratch places and the work dir still writable. Returns whether the root is read-only."""
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    for path in WRITABLE + (work,):
+        if os.path.isdir(path):
+            try:
+                _mount(path, path, None, MS_BIND | MS_REC)
+            except OSError:
+                return False
+    try:
+        _mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY)
+        return True
+    except OSError:
+        return False
+
+
+def shed_capabilities():
+    """No capability left, now or after exec (a root program execs with bounding set empty)."""
+    _prctl(PR_CAP_AMBIENT, 4)  # PR_CAP_AMBIENT_CLEAR_ALL
+    for cap in range(64):
+        if _prctl(PR_CAPBSET_DROP, cap) != 0 and ctypes.get_errno() == 22:  # EINVAL: past the last cap
+            break
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+    header, data = Header(0x20080522, 0), (Data * 2)()
+    _check(LIBC.capset(ctypes.byref(header), ctypes.byref(data)), "capset")
+    _check(_prctl(PR_SET_NO_NEW_PRIVS, 1), "no_new_privs")
+
+
+def start_time(pid):
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2:].split()
+    return int(fields[19]), int(fields[1])  # (start time, parent pid)
+
+
+def pids():
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def ancestors(pid):
+    chain = set()
+    while pid > 1 and pid not in chain:
+        chain.add(pid)
+        info = start_time(pid)
+        if info is None:
+            break
+        pid = info[1]
+    return chain
+
+
+def baseline():
+    me = os.getpid()
+    out = []
+    for pid in pids():
+        info = start_time(pid)
+        if pid != me and info is not None:
+            out.append([pid, info[0]])
+    return out
+
+
+def sweep(spare):
+    """Stop, then kill, every process that is neither spared nor one of our ancestors."""
+    keep = ancestors(os.getpid()) | {1}
+    for pid, started in spare:
+        info = start_time(pid)
+        if info is not None and info[0] == started:
+            keep.add(pid)
+    stopped = set()
+    for _ in range(1000):
+        fresh = False
+        for pid in pids():
+            if pid in keep or pid in stopped:
+                continue
+            try:
+                os.kill(pid, signal.SIGSTOP)
+                stopped.add(pid)
+                fresh = True
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                keep.add(pid)  # not ours to stop (another user's): it cannot touch our programs either
+        if not fresh:
+            break
+    for pid in stopped:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    return len(stopped)
+
+
+def remove(path):
+    """``rm -rf`` (without ``shutil``): a directory the program made unreadable is opened up first."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        try:
+            os.chmod(path, 0o700)
+        except OSError:
+            pass
+        for name in os.listdir(path):
+            remove(os.path.join(path, name))
+        os.rmdir(path)
+    else:
+        os.unlink(path)
+
+
+def dumps(value):
+    """JSON for the probe's answer (ints, strings without quotes or backslashes, bools, lists)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, dict):
+        return "{{{}}}".format(", ".join(f'"{k}": {dumps(v)}' for k, v in value.items()))
+    return "[{}]".format(", ".join(dumps(v) for v in value))
+
+
+def wipe(spec):
+    keep = set(spec.get("keep") or ())
+    kept_dirs = set()
+    for path in keep:
+        while path not in ("/", ""):
+            path = os.path.dirname(path)
+            kept_dirs.add(path)
+
+    def empty(directory):
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            return
+        for name in names:
+            path = os.path.join(directory, name)
+            if path in keep:
+                continue
+            if path in kept_dirs and os.path.isdir(path) and not os.path.islink(path):
+                empty(path)
+                continue
+            remove(path)
+
+    for directory in WRITABLE:
+        empty(directory)
+    work = spec["work"]
+    if os.path.isdir(work):
+        empty(work)
+
+
+def limit(spec):
+    limits = spec.get("limits")
+    if not limits:
+        return
+    for name, key in (("RLIMIT_CPU", "cpu"), ("RLIMIT_AS", "as"), ("RLIMIT_FSIZE", "fsize"),
+                      ("RLIMIT_NOFILE", "nofile")):
+        if limits.get(key) is not None:
+            resource.setrlimit(getattr(resource, name), (int(limits[key]), int(limits[key])))
+
+
+def program(spec, argv, stdin_data):
+    """In the child that becomes the program: limits, stdin, cwd, privileges, then exec."""
+    try:
+        if stdin_data is not None:
+            fd = os.memfd_create("stdin") if hasattr(os, "memfd_create") else None
+            if fd is None:
+                read, write = os.pipe()
+                os.write(write, stdin_data)
+                os.close(write)
+                fd = read
+            else:
+                os.write(fd, stdin_data)
+                os.lseek(fd, 0, os.SEEK_SET)
+            os.dup2(fd, 0)
+            os.close(fd)
+        os.chdir(spec.get("cwd") or spec["work"])
+        limit(spec)
+        uid = spec.get("uid")
+        if spec.get("mode") == "sweep" and uid is not None and os.geteuid() == 0:
+            try:
+                os.setgroups([])
+                os.setgid(uid)
+                os.setuid(uid)
+            except OSError:
+                pass  # the probe said so: the program keeps the launcher's user
+        elif spec.get("mode") != "sweep":
+            shed_capabilities()
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores them; an exec keeps that
+            signal.signal(sig, signal.SIG_DFL)
+    except OSError as exc:
+        os.write(2, (f"trl-sandbox: cannot start the program: {exc}\n").encode())
+        os._exit(126)
+    try:
+        os.execvp(argv[0], argv)
+    except OSError as exc:
+        os.write(2, (f"{argv[0]}: {exc.strerror}\n").encode())
+        os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
+
+
+def init(spec, argv, stdin_data, alive, report):
+    """PID 1 of the program's namespace: dies with the launcher; seals the filesystem; starts the
+    program and reaps every orphan until the program ends; then reports its wait status and exits,
+    which makes the kernel kill whatever the program left."""
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    try:
+        os.read(alive, 1)  # not blocking: the launcher still holds the write end, or is gone already
+    except BlockingIOError:
+        pass
+    else:
+        os._exit(1)
+    seal_filesystem(spec["work"])
+    child = os.fork()
+    if child == 0:
+        os.close(report)
+        program(spec, argv, stdin_data)
+    status = None
+    while status is None:
+        try:
+            pid, got = os.wait()
+        except ChildProcessError:
+            break
+        if pid == child:
+            status = got
+    os.write(report, str(status if status is not None else 255 << 8).encode())
+    os._exit(0)
+
+
+def relay(status):
+    """Leave as the program left: the same exit status, or death by the same signal."""
+    sys.stdout.flush()
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+    os._exit(os.waitstatus_to_exitcode(status) if hasattr(os, "waitstatus_to_exitcode") else status >> 8)
+
+
+def fail(spec, why):
+    os.write(1, ("[trl-sandbox-lease:{}:failed] {}\n".format(spec.get("tag", ""), why)).encode())
+    os._exit(125)
+
+
+def probe():
+    """What this image allows, and the processes present now (spared by every later sweep)."""
+    allowed = None
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(read)
+        try:
+            how = enter_namespaces()
+            grandchild = os.fork()
+            if grandchild == 0:
+                sealed = seal_filesystem("/tmp")
+                os.write(write, f"{how} {int(sealed)}".encode())
+                os._exit(0)
+            os.waitpid(grandchild, 0)
+        except OSError:
+            pass
+        os._exit(0)
+    os.close(write)
+    answer = b""
+    while True:
+        chunk = os.read(read, 4096)
+        if not chunk:
+            break
+        answer += chunk
+    os.waitpid(child, 0)
+    if answer:
+        how, sealed = answer.decode().split()
+        allowed = (how, sealed == "1")
+    can_switch = False
+    if os.geteuid() == 0:  # may programs run as another user? (not in a user namespace of one uid)
+        child = os.fork()
+        if child == 0:
+            try:
+                os.setgroups([])
+                os.setgid(65534)
+                os.setuid(65534)
+            except OSError:
+                os._exit(1)
+            os._exit(0)
+        can_switch = os.waitpid(child, 0)[1] == 0
+    print(dumps({"isolation": allowed[0] if allowed else "sweep", "read_only_root": bool(allowed and allowed[1]),
+                      "uid": os.geteuid(), "switch_user": can_switch, "python": sys.version.split()[0],
+                      "spare": baseline()}))
+
+
+def hide_argv():
+    """Blank this process's command line (``/proc/PID/cmdline``): it holds the spec, whose ``tag``
+    marks the launcher's own failures, and a program that read it could print that failure line
+    to turn its verdict into an infrastructure error. Forks (the namespace's init) inherit it."""
+    with open("/proc/self/stat", "rb") as fh:
+        stat = fh.read()
+    fields = stat[stat.rfind(b")") + 2:].split()
+    start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (proc(5) fields 48 and 49)
+    if 0 < start < end:
+        ctypes.memset(start, 0, end - start)
+
+
+def main():
+    spec = eval(sys.argv[1], {"__builtins__": {}}, {})  # a literal the host wrote (never the program)
+    argv = sys.argv[2:]
+    hide_argv()
+    if spec.get("probe"):
+        probe()
+        return
+    mode = spec.get("mode", "ns")
+    stdin_data = None
+    if spec.get("stdin") == "b64":
+        stdin_data = binascii.a2b_base64(sys.stdin.buffer.read())
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    try:
+        if mode == "sweep":
+            sweep(spec.get("spare") or ())
+        if spec.get("reset"):
+            wipe(spec)
+        os.makedirs(spec["work"], exist_ok=True)
+        if mode == "sweep" and spec.get("uid") is not None and os.geteuid() == 0:
+            os.chown(spec["work"], spec["uid"], spec["uid"])
+    except OSError as exc:
+        fail(spec, f"cleaning the sandbox: {exc}")
+    sys.stdout.flush()
+    if mode == "sweep":
+        child = os.fork()
+        if child == 0:
+            program(spec, argv, stdin_data)
+        _, status = os.waitpid(child, 0)
+        sweep(spec.get("spare") or ())
+        relay(status)
+    try:
+        enter_namespaces()
+    except OSError as exc:
+        fail(spec, f"the image refused a PID namespace: {exc}")
+    alive_read, alive_write = os.pipe()
+    report_read, report_write = os.pipe()
+    os.set_blocking(alive_read, False)
+    child = os.fork()
+    if child == 0:
+        os.close(alive_write)
+        os.close(report_read)
+        init(spec, argv, stdin_data, alive_read, report_write)
+    os.close(alive_read)
+    os.close(report_write)
+    answer = b""
+    while True:
+        chunk = os.read(report_read, 64)
+        if not chunk:
+            break
+        answer += chunk
+    os.waitpid(child, 0)
+    if not answer:
+        fail(spec, "the program's namespace ended without a status")
+    relay(int(answer))
+
+
+if __name__ == "__main__":
+    main()
