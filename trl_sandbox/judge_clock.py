@@ -11,12 +11,18 @@ import os
 import time
 
 
-def _cpu_seconds(pid):
+def _cpu_seconds(pid, leave_out=None):
     """CPU seconds of the candidate process ``pid`` and every process it started, live or reaped:
     its descendants and whatever shares the judge's process group or the candidate's own (a judge
     that stays resident across programs starts each candidate in a session of its own): work
     handed to a child, even one that moved to a new session after being counted here, is the
-    candidate's work too. The judge itself and PID 1 are left out. None once the candidate is gone."""
+    candidate's work too. The judge itself and PID 1 are left out. None once the candidate is gone.
+
+    With ``leave_out`` (a resident judge in the local sandbox: the forker's pid), every process
+    of the sandbox's pid namespace counts but PID 1, the judge and those: the candidate is the
+    only program there, so whatever else runs is its own, however it detached (a process that left
+    its session and was orphaned to PID 1 is neither a descendant nor in a group looked at above).
+    A zombie keeps its times until reaped, and PID 1 reaps nothing while a judged program runs."""
     me, group = os.getpid(), os.getpgrp()
     procs = {}
     for name in os.listdir("/proc"):
@@ -30,6 +36,8 @@ def _cpu_seconds(pid):
             continue
     if pid not in procs:
         return None
+    if leave_out is not None:
+        return sum(t for other, (_, _, t) in procs.items() if other not in (me, 1) and other not in leave_out) / _CLK_TCK
     family = {pid}
     grew = True
     while grew:
@@ -49,17 +57,28 @@ except (ValueError, OSError):
     _CLK_TCK = 100
 
 
+try:
+    # The cores the candidate's processes may run on: between two reads of its CPU time, they
+    # can use at most this many seconds of it per second of wall time.
+    _CORES = max(1, len(os.sched_getaffinity(0)))
+except (AttributeError, OSError):
+    _CORES = os.cpu_count() or 1
+
+
 class _Clock:
     """The candidate's time budget. ``cpu``: its own CPU time (loading and every call), so a
     candidate that only waited for a core, because other programs were busy, still gets its whole
     budget; the wall clock ends one that sleeps or blocks, at ``wall_limit``. ``wall``: the budget
-    is wall-clock time. The candidate's CPU is read only once it could have used the budget up."""
+    is wall-clock time. The candidate's CPU is read only once it could have used the budget up on
+    every usable core (budget / cores of wall time), then as often as what is left allows: extra
+    cores buy nothing."""
 
     def __init__(self, start, limit, wall_limit, mode):
         self.cpu = mode == "cpu"
         self.limit = limit
         self.wall_deadline = start + (wall_limit if self.cpu else limit)
-        self.next_check = start + limit if self.cpu else self.wall_deadline
+        self.next_check = start + limit / _CORES if self.cpu else self.wall_deadline
+        self.leave_out = None  # a resident judge's: see _cpu_seconds
 
     def wait_s(self, pid):
         """Seconds to wait before looking again; None once the budget is spent."""
@@ -67,11 +86,11 @@ class _Clock:
         if now >= self.wall_deadline:
             return None
         if now >= self.next_check:
-            used = _cpu_seconds(pid)
+            used = _cpu_seconds(pid, self.leave_out)
             if used is not None:
                 if used >= self.limit:
                     return None
-                self.next_check = now + max(0.005, self.limit - used)
+                self.next_check = now + max(0.005, (self.limit - used) / _CORES)
             else:
                 self.next_check = now + 0.05  # gone: the pipe reports it
         return min(self.next_check, self.wall_deadline) - now

@@ -47,11 +47,21 @@ def tree_cpu(children_cpu):
     return ticks / S.CLK_TCK + (children_cpu_s() - children_cpu)
 
 
+try:
+    # Cores the sandbox's processes may run on: between two reads, the tree can use at most this
+    # many CPU seconds per second of wall time.
+    CORES = max(1, len(os.sched_getaffinity(0)))
+except (AttributeError, OSError):
+    CORES = os.cpu_count() or 1
+
+
 class Budget:
     """When an exec has run out of time. With ``time_budget="cpu"`` its timeout is CPU time of its
     process tree: a program that only waited for a core (other sandboxes were busy) is not out of
-    time; the tree's CPU is read only when it could first have used the budget up, so a program
-    that ends sooner costs nothing. The wall clock ends what sleeps or blocks, at the backstop."""
+    time; the tree's CPU is read only when it could first have used the budget up on every usable
+    core (timeout / ``CORES`` of wall time; then as often as what is left allows, so that extra
+    cores buy nothing), and a program that ends sooner costs nothing. The wall clock ends what
+    sleeps or blocks, at the backstop."""
 
     def __init__(self, start, timeout, children_cpu, offset=0.0):
         self.cpu = S.TIME_BUDGET == "cpu"
@@ -59,7 +69,7 @@ class Budget:
         self.children_cpu = children_cpu
         self.offset = offset  # CPU seconds of a process that was there before (a resident judge)
         self.wall_deadline = start + (S.WALL_FACTOR * timeout + S.WALL_MARGIN_S if self.cpu else timeout)
-        self.next_check = start + timeout if self.cpu else self.wall_deadline
+        self.next_check = start + timeout / CORES if self.cpu else self.wall_deadline
         self.wall_hit = False
 
     def wait_s(self, now):
@@ -71,5 +81,5 @@ class Budget:
             left = self.timeout - (tree_cpu(self.children_cpu) - self.offset)
             if left <= 0:
                 return None
-            self.next_check = now + max(0.005, left)
+            self.next_check = now + max(0.005, left / CORES)
         return min(self.next_check, self.wall_deadline) - now

@@ -29,22 +29,47 @@ def child_fail(message, code):
         os._exit(code)
 
 
-def oom_first():
-    """Every process of a program is the host OOM killer's first choice; the supervisor is not."""
+OOM_PROGRAM = 1000  # every program's processes and every candidate: the OOM killer's first choice
+PR_GET_DUMPABLE = 3
+
+
+def set_oom_score(value):
+    """Set this process's ``oom_score_adj`` to ``value`` and read it back; raise if that fails.
+
+    The OOM killer's order in a sandbox: programs and candidates first (``OOM_PROGRAM``), then the
+    judge and the forker (``S.OOM_HELPER``), the supervisor last (the score it was started with).
+    A process forked from the non-dumpable supervisor is non-dumpable too, and then its /proc/self
+    files belong to a root that the sandbox's user namespace does not map: it cannot open its own
+    ``oom_score_adj`` (the write used to fail, unnoticed, and every process kept the supervisor's
+    score). So it is dumpable for the write, and non-dumpable again after. Nothing else of the
+    sandbox runs meanwhile (a program's child, the judge and the forker when they start, a
+    candidate while it is set up before its program), and raising the score needs no privilege."""
+    prctl = kernel.libc().prctl
+    was = prctl(PR_GET_DUMPABLE, 0, 0, 0, 0)
+    if was != 1:
+        kernel.check(prctl(kernel.PR_SET_DUMPABLE, 1, 0, 0, 0), "PR_SET_DUMPABLE")
     try:
-        fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
+        fd = os.open("/proc/self/oom_score_adj", os.O_RDWR)
         try:
-            os.write(fd, b"1000")
+            os.write(fd, b"%d" % value)
+            got = int(os.pread(fd, 16, 0))
         finally:
             os.close(fd)
-    except OSError:
-        pass
+    finally:
+        if was != 1:
+            kernel.check(prctl(kernel.PR_SET_DUMPABLE, was, 0, 0, 0), "PR_SET_DUMPABLE")
+    if got != value:
+        raise OSError(f"oom_score_adj is {got}, not {value}")
 
 
 def child_setup(job):
     """Common to both kinds of child: descriptors, signals, cwd, environment."""
     plan, code, argv, cwd, env, stdin_fd, out_w, err_w = job
-    oom_first()
+    try:
+        set_oom_score(OOM_PROGRAM)
+    except (OSError, ValueError) as exc:
+        os.dup2(err_w, 2)
+        child_fail(f"cannot set the OOM score: {exc}", EXIT_CANNOT_RUN)
     if not S.USE_PIDFD:
         _signal.set_wakeup_fd(-1)
         _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)

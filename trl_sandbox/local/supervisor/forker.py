@@ -38,12 +38,18 @@ import struct
 
 from . import kernel
 from . import state as S
-from .budget import stat_fields, ticks_of
+from .budget import ticks_of
 from .child import EXIT_CANNOT_RUN, apply_limits, child_fail
 
 PID = None  # the forker's pid, while one runs
 SOCKET = None  # PID 1's end of its socket
-MESSAGE = struct.Struct("<ci")  # b"P" + the candidate's pid (-errno: no fork); b"R" + its wait status
+# b"P" + the candidate's pid (-errno: no fork); b"R" + its wait status; b"W" + the pid of the
+# candidate forked ahead by a prefork (-1: none).
+MESSAGE = struct.Struct("<ci")
+# The waiting candidate, as the forker reported it when it forked it: the one process besides the
+# judge and the forker that may outlive an exec. None: none (or not reported yet: PENDING).
+WAITING = None
+PENDING = False  # a prefork was sent and its b"W" not read yet
 ANSWER_S = 10.0  # a forker that takes longer than this to fork is taken for gone
 
 
@@ -73,10 +79,29 @@ def start(main):
 
 def forget():
     """The forker is gone (a sweep killed it, or it exited): the next judged exec starts one."""
-    global PID, SOCKET
+    global PID, SOCKET, WAITING, PENDING
     if SOCKET is not None:
         SOCKET.close()
-    PID = SOCKET = None
+    PID = SOCKET = WAITING = None
+    PENDING = False
+
+
+def waiting_pid():
+    """The pid of the candidate the forker forked ahead (its b"W" word, read here the first time:
+    it was sent right after the fork, long before anyone asks), or None."""
+    global WAITING, PENDING
+    if PENDING:
+        PENDING = False
+        WAITING = None
+        try:
+            ready, _, _ = select.select([SOCKET], [], [], ANSWER_S)
+            data = SOCKET.recv(MESSAGE.size) if ready else b""
+        except OSError:
+            data = b""
+        if len(data) == MESSAGE.size:
+            kind, pid = MESSAGE.unpack(data)
+            WAITING = pid if kind == b"W" and pid > 0 else None
+    return WAITING
 
 
 def cpu_ticks():
@@ -87,7 +112,10 @@ def cpu_ticks():
 def fork_candidate(cwd, fds):
     """Have the forker fork a candidate with ``fds`` (request and response pipes, stderr) in
     ``cwd``. Its pid, or None when the forker is gone or could not fork."""
+    global WAITING
     path = os.fsencode(os.path.join(S.WORK, cwd or ""))
+    waiting_pid()  # the prefork's word comes first on the socket
+    WAITING = None  # handed this exec (or, gone, killed and reaped by the forker)
     try:
         socket.send_fds(SOCKET, [path], fds)
         ready, _, _ = select.select([SOCKET], [], [], ANSWER_S)
@@ -117,17 +145,12 @@ def prefork():
     """Ask the forker to fork the next candidate now, while the host reads this exec's answer: it
     sets itself up and waits for its exec, off the next program's path. Sent only once this exec
     has ended with nothing of it left, so that no program process ever sees a waiting candidate."""
+    global PENDING
     try:
         SOCKET.send(PREFORK)
+        PENDING = True
     except OSError:
         pass  # the forker is gone: the next judged exec finds out
-
-
-def waiting(name):
-    """Whether the process ``name`` (a /proc entry) is the forker's waiting candidate: the
-    forker's child between execs (program processes are never its children; orphans go to PID 1)."""
-    fields = stat_fields(name)
-    return fields is None or int(fields[1]) == PID  # None: gone meanwhile
 
 
 PREFORK = b"\0prefork"  # a request with no descriptors (a fork request always has three)
@@ -184,6 +207,10 @@ def run_forker(job):
         if path == PREFORK and not fds:
             if ready is None:
                 ready = _fork_waiting(main)
+            try:  # PID 1 knows the waiting candidate by this pid, never by whose child it is
+                sock.send(MESSAGE.pack(b"W", ready[0] if ready is not None else -1))
+            except OSError:
+                os._exit(0)
             continue
         if not path or len(fds) != 3 or flags & socket.MSG_TRUNC:
             os._exit(0)  # PID 1 went away (or sent what it never sends)

@@ -32,6 +32,12 @@ import struct
 CLONE_NEWNS = 0x00020000
 CLONE_NEWIPC = 0x08000000
 CLONE_NS_FLAGS = 0x7E020000  # NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
+# CLONE_PARENT gives the new process its caller's parent (for a judged candidate: the forker, whose
+# children the sweeps took for its waiting candidate), and sends its exit signal, any signal the
+# caller picks, there. No program needs it: without it a process's children, and their exit
+# signals, are its own (an orphan's exit signal becomes SIGCHLD to PID 1, which ignores it).
+CLONE_PARENT = 0x00008000
+CLONE_REFUSED = CLONE_NS_FLAGS | CLONE_PARENT
 MS_NOSUID, MS_NODEV, MS_NOATIME, MS_REC, MS_PRIVATE = 2, 4, 0x400, 0x4000, 0x40000
 MNT_DETACH = 2
 PR_SET_DUMPABLE, PR_SET_NAME, PR_SET_SECCOMP, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 4, 15, 22, 24, 38, 47
@@ -110,6 +116,42 @@ def protect_rules(pids):
 
 
 PIDFD_SEND_SIGNAL = (424, 424)
+
+# Descriptor ownership: the kernel sends a descriptor's async I/O signal (SIGIO, or any signal set
+# with F_SETSIG, SIGKILL and SIGSTOP included) and SIGURG to its owner, with the credentials of the
+# process that set the owner, so the owner is one more way to signal a process. For a resident
+# judge's candidates: F_SETOWN toward the protected pids or their groups is refused like kill();
+# F_SETOWN_EX and the ioctls FIOSETOWN, SIOCSPGRP and TIOCSPGRP pass the owner by pointer, which a
+# filter cannot read, and are refused outright (F_SETOWN does all they do, and nothing in Python's
+# standard library uses them). Numbers: x86_64, aarch64; the commands are the same on both.
+IOCTL, FCNTL = (16, 29), (72, 25)
+F_SETOWN, F_SETOWN_EX = 8, 15
+OWNER_IOCTLS = (0x8901, 0x8902, 0x5410)  # FIOSETOWN, SIOCSPGRP, TIOCSPGRP
+
+
+def owner_blocks(column, pids):
+    """``[(number, instructions)]``: the ioctl and fcntl checks of a candidate's filter. Each block
+    is entered only for its call and ends in a verdict; a common command costs its comparisons."""
+
+    def ins(code, k, jt=0, jf=0):
+        return struct.pack("<HBBI", code, jt, jf, k)
+
+    n = len(OWNER_IOCTLS)
+    ioctl = [ins(LD_ABS, 24)]          # the request, low half
+    ioctl += [ins(JEQ, cmd, n - i, 0) for i, cmd in enumerate(OWNER_IOCTLS)]
+    ioctl += [ins(RET, RET_ALLOW), ins(RET, RET_ERRNO | EPERM)]
+    pids = tuple(pids)
+    targets = pids + tuple(-pid & 0xFFFFFFFF for pid in pids) + (EVERYONE,)
+    m = len(targets)
+    fcntl = [
+        ins(LD_ABS, 24),               # the command, low half
+        ins(JEQ, F_SETOWN_EX, 3 + m, 0),
+        ins(JEQ, F_SETOWN, 0, 1 + m),
+        ins(LD_ABS, 32),               # F_SETOWN's pid (a group: negative), low half
+    ]
+    fcntl += [ins(JEQ, t, m - i, 0) for i, t in enumerate(targets)]
+    fcntl += [ins(RET, RET_ALLOW), ins(RET, RET_ERRNO | EPERM)]
+    return [(IOCTL[column], ioctl), (FCNTL[column], fcntl)]
 ARCHES = {"x86_64": (0, 0xC000003E), "aarch64": (1, 0xC00000B7), "arm64": (1, 0xC00000B7)}
 
 LIBC = None
@@ -161,23 +203,37 @@ def seccomp_program(machine, memory_mode, protect=None):
     if column == 0:
         op(JGE, X32_SYSCALL_BIT, 0, 1)
         op(RET, RET_ERRNO | EPERM)
-    if protect is not None:
-        # One block per rule: not this call, next block; the argument's low half (pids, "which"
-        # and priorities are 32 bits) one of the values, EPERM; else on to the next block (a call
-        # may have two rules), reloading the number.
-        for nrs, arg, values in protect_rules(protect):
-            op(JEQ, nrs[column], 0, len(values) + 3)
-            op(LD_ABS, 16 + 8 * arg)
-            for i, value in enumerate(values):
-                op(JEQ, value, len(values) - i, 0)
-            op(JEQ, 0, 1, 1)               # (always) past the EPERM
-            op(RET, RET_ERRNO | EPERM)
-            op(LD_ABS, 0)                  # the syscall number again, for the next block
+    rules = protect_rules(protect) if protect is not None else []
+    # Calls whose arguments decide (ioctl, fcntl: the owner of a descriptor's async I/O signals):
+    # each a block of its own, reached by one comparison of the number.
+    specials = owner_blocks(column, protect) if protect is not None else []
     numbers = sorted(set(n for n in denied if n is not None))
+    rest = numbers + [CLONE[column], CLONE3[column], PRLIMIT64[column]] + [nrs[column] for nrs, _, _ in rules]
     # The calls programs make most (read, write, mmap, ... on x86_64) are below every number
-    # this filter looks at: allow them after one comparison instead of a walk down the list.
-    op(JGE, min(numbers + [CLONE[column], CLONE3[column], PRLIMIT64[column]]), 1, 0)
+    # this filter looks at: allow them after one comparison (and one per special call below
+    # them, ioctl on x86_64: two) instead of a walk down the list.
+    lowest = min(rest)
+    for nr, block in specials:
+        if nr < lowest:
+            op(JEQ, nr, 0, len(block))
+            ins.extend(block)
+    op(JGE, lowest, 1, 0)
     op(RET, RET_ALLOW)
+    for nr, block in specials:
+        if nr >= lowest:
+            op(JEQ, nr, 0, len(block))
+            ins.extend(block)
+    # One block per rule: not this call, next block; the argument's low half (pids, "which"
+    # and priorities are 32 bits) one of the values, EPERM; else on to the next block (a call
+    # may have two rules), reloading the number.
+    for nrs, arg, values in rules:
+        op(JEQ, nrs[column], 0, len(values) + 3)
+        op(LD_ABS, 16 + 8 * arg)
+        for i, value in enumerate(values):
+            op(JEQ, value, len(values) - i, 0)
+        op(JEQ, 0, 1, 1)               # (always) past the EPERM
+        op(RET, RET_ERRNO | EPERM)
+        op(LD_ABS, 0)                  # the syscall number again, for the next block
     for nr in numbers:
         op(JEQ, nr, 0, 1)
         op(RET, RET_ERRNO | EPERM)
@@ -197,7 +253,7 @@ def seccomp_program(machine, memory_mode, protect=None):
     op(JEQ, CLONE[column], 1, 0)
     op(RET, RET_ALLOW)
     op(LD_ABS, 16)                     # clone: the low half of the flags
-    op(JSET, CLONE_NS_FLAGS, 0, 1)
+    op(JSET, CLONE_REFUSED, 0, 1)
     op(RET, RET_ERRNO | EPERM)
     op(RET, RET_ALLOW)
     return b"".join(ins)

@@ -44,10 +44,16 @@ def startup():
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     S.FD_LIMIT = 1024 if hard == resource.RLIM_INFINITY else min(hard, 1024)
     resource.setrlimit(resource.RLIMIT_NOFILE, (S.FD_LIMIT, hard))
-    # Programs (not the supervisor) are the OOM killer's first choice: each child raises its own
-    # oom_score_adj to 1000 (child.child_setup). The supervisor keeps the score it was started with,
-    # so that memory a program pinned where no process maps it (tmpfs, memfd) costs the program,
-    # not the sandbox.
+    # Programs (not the supervisor) are the OOM killer's first choice: each child and candidate
+    # raises its own oom_score_adj to 1000 (child.set_oom_score), the judge and the forker to
+    # halfway between that and the score the supervisor was started with, which it keeps (the
+    # lowest: raising needs no privilege, lowering does), so that memory a program pinned where no
+    # process maps it (tmpfs, memfd) costs the program, then the helpers, and never the sandbox.
+    with open("/proc/self/oom_score_adj", "rb") as f:
+        own = int(f.read())
+    if own >= 999:
+        raise SystemExit(f"trl-sandbox supervisor: started with oom_score_adj {own}: no room below the programs' 1000")
+    S.OOM_HELPER = (own + 1000) // 2
     if kernel.libc().prctl(kernel.PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
         raise SystemExit("trl-sandbox supervisor: prctl(PR_SET_DUMPABLE, 0) failed")
     # As PID 1, signals without a handler are dropped: SIGINT must not keep Python's handler.

@@ -42,7 +42,7 @@ import time
 from . import forker, kernel
 from . import state as S
 from .budget import Budget, children_cpu_s, ticks_of
-from .child import apply_limits, exit_status, oom_first
+from .child import OOM_PROGRAM, apply_limits, exit_status, set_oom_score
 from .output import Output
 from .protocol import K_ERROR, reply
 
@@ -53,7 +53,10 @@ ENABLED = True  # the configuration's "resident_judge"
 CPU_LIMITS = ()
 PID = None  # the judge's pid, while one runs
 SOCKET = None  # PID 1's end of the judge's socket
-DONE = struct.Struct("<i")
+DONE = struct.Struct("<i")  # the judge's exit status for an exec
+# PID 1's word to the judge with an exec's descriptors: the candidate's pid and the forker's (the
+# judge's clock counts every other process of the sandbox against the candidate).
+REQUEST = struct.Struct("<ii")
 JUDGE_NAME = b"trl-judge"  # the resident judge's process name
 
 
@@ -133,7 +136,7 @@ def do_exec(main, stdin_fd, timeout, cwd):
     sent = False
     if pid is not None:
         try:
-            socket.send_fds(SOCKET, [DONE.pack(pid)], [stdin_fd, out_w, err_w, req_w, resp_r])
+            socket.send_fds(SOCKET, [REQUEST.pack(pid, forker.PID)], [stdin_fd, out_w, err_w, req_w, resp_r])
             sent = True
         except OSError:
             pass
@@ -203,7 +206,17 @@ def wait(pid, budget, out_r, err_r):
                 elif status is None and fd == SOCKET.fileno():
                     poller.unregister(fd)
                     status = _judge_answer()
-                    if not candidate_done:
+                    if status is None:
+                        # The judge died during the exec (no signal of a program reaches it; the
+                        # OOM killer may): end it all, and answer the exec as the program's own
+                        # result, a judge's death by a signal, never a failure of the supervisor.
+                        kill_all()
+                        killed = True
+                        if not candidate_done:
+                            candidate_done = True
+                            poller.unregister(reaper)
+                        status = _judge_died()
+                    elif not candidate_done:
                         try:
                             os.kill(pid, signal.SIGKILL)  # the judge has ended it; make sure
                         except OSError:
@@ -217,14 +230,14 @@ def wait(pid, budget, out_r, err_r):
 
 
 def _judge_answer():
-    """The judge's exit code for this exec (as a wait status), or how it died."""
+    """The judge's exit code for this exec (as a wait status); None when it died instead."""
     try:
         data = SOCKET.recv(DONE.size)
     except OSError:
         data = b""
     if len(data) == DONE.size:
         return (DONE.unpack(data)[0] & 0xFF) << 8
-    return _judge_died()
+    return None
 
 
 def _judge_died():
@@ -238,10 +251,12 @@ def _judge_died():
 
 
 def leftovers():
-    """Whether any process but PID 1, the judge, the forker and its waiting candidate is left (the
-    exec's candidate has been reaped)."""
-    keep = {"1", str(PID), str(forker.PID)}
-    return any(name.isdigit() and name not in keep and not forker.waiting(name) for name in os.listdir("/proc"))
+    """Whether any process but PID 1, the judge, the forker and the one waiting candidate the
+    forker reported by pid when it forked it is left (the exec's candidate has been reaped).
+    Ancestry is no mark: a process can have a parent it was not forked by (``CLONE_PARENT``, which
+    the filter refuses, is one way), and a program's process may take any name."""
+    keep = {"1", str(PID), str(forker.PID), str(forker.waiting_pid())}
+    return any(name.isdigit() and name not in keep for name in os.listdir("/proc"))
 
 
 # -- in the forked children ---------------------------------------------------------------------
@@ -265,12 +280,12 @@ def become_python():
 
 def settle_helper(sock, devnull_at):
     """What the judge and the forker do first: a session of their own, ``/`` as working directory,
-    the OOM killer's first choice, their socket to PID 1 as descriptor 3, /dev/null on 0, 1, 2 and
+    the OOM killer's choice after every program and before the supervisor, their socket to PID 1 as descriptor 3, /dev/null on 0, 1, 2 and
     ``devnull_at`` (``S.DEVNULL`` from then on), every other descriptor closed, and a fresh
     interpreter state. Returns the socket."""
     os.setsid()
     os.chdir("/")
-    oom_first()
+    set_oom_score(S.OOM_HELPER)  # raises: a helper that cannot is not started (the exec fails)
     fd = sock.detach()
     if fd != 3:
         os.dup2(fd, 3)
@@ -301,10 +316,19 @@ def wire_candidate(fds):
 
 
 def prepare_candidate():
-    """A candidate's own process group and CPU limit. The forker has set up the rest for all of
-    them (``forker.run_forker``): a fresh interpreter state, ``/`` as working directory, the OOM
-    score, the other limits, the seccomp filter, no capabilities, no new privileges, non-dumpable."""
-    os.setpgid(0, 0)
+    """A candidate's own session (and process group), OOM score (a program's: above the forker's,
+    which it inherits) and CPU limit. The forker has set up the rest for all of them
+    (``forker.run_forker``): a fresh interpreter state, ``/`` as working directory, the other
+    limits, the seccomp filter, no capabilities, no new privileges, non-dumpable.
+
+    A session, not only a group: a process may move into any process group of its own session,
+    and the forker's group is its session's. A candidate left in the forker's session could join
+    the forker's group (``setpgid(0, forker)``) and then reach the forker through every call that
+    names "my own group" (``kill(0, SIGSTOP)``, ``setpriority(PRIO_PGRP, 0)``), which the filter
+    cannot tell from a call on the candidate's own group. In a session of its own, the groups it
+    and its processes can join are its own."""
+    os.setsid()
+    set_oom_score(OOM_PROGRAM)
     for name, soft, hard in CPU_LIMITS:
         try:
             resource.setrlimit(name, (soft, hard))
@@ -336,7 +360,7 @@ def run_resident(job):
     current = []
 
     def attach(candidate_part, code):
-        pid, req_w, resp_r = current
+        pid, req_w, resp_r, forker_pid = current
         try:
             size = len(candidate_part).to_bytes(4, "big")
             view = memoryview(b"".join((size, candidate_part, len(code).to_bytes(4, "big"), code)))
@@ -344,22 +368,22 @@ def run_resident(job):
                 view = view[os.write(req_w, view):]
         except OSError:
             pass  # the candidate is gone: the judge's first read says so
-        return pid, req_w, resp_r
+        return pid, req_w, resp_r, forker_pid
 
     main.__globals__["_ATTACH"] = attach
     while True:
         try:
-            data, fds, _, _ = socket.recv_fds(sock, DONE.size, 5)
+            data, fds, _, _ = socket.recv_fds(sock, REQUEST.size, 5)
         except OSError:
             os._exit(0)
-        if len(data) != DONE.size or len(fds) != 5:
+        if len(data) != REQUEST.size or len(fds) != 5:
             os._exit(0)  # PID 1 went away (or sent what it never sends)
         stdin_fd, out_w, err_w, req_w, resp_r = fds
         for fd, target in ((stdin_fd, 0), (out_w, 1), (err_w, 2)):
             os.dup2(fd, target)
             os.close(fd)
-        pid = DONE.unpack(data)[0]
-        current[:] = [pid, req_w, resp_r]
+        pid, forker_pid = REQUEST.unpack(data)
+        current[:] = [pid, req_w, resp_r, forker_pid]
         status, fatal = 0, False
         try:
             main()

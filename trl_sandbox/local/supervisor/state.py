@@ -39,3 +39,6 @@ TIME_BUDGET = "cpu"
 WALL_FACTOR = 4.0
 WALL_MARGIN_S = 2.0
 CLK_TCK = 100
+# The judge's and the forker's oom_score_adj: between the supervisor's own (lowest, set at start-up
+# from the score it was started with) and the programs' 1000 (``child.set_oom_score``).
+OOM_HELPER = 500
