@@ -1,14 +1,18 @@
 """One GRPO batch on a remote provider: the trl-sandbox pool next to the bare SDK used as the
 vendors' examples use it.
 
-    .venv/bin/python benchmarks/bench_remote.py [--completions 64] [--pool 16] [--seeds 1,2,3]
+    .venv/bin/python benchmarks/bench_remote.py [--completions 64] [--pool 16] [--seeds 1,2,3] [--rounds 1]
 
-Against the fake Daytona of ``plugins/daytona/tests`` (the real ``daytona`` SDK on loopback) with
-injected latency (create 1 s, exec 50 ms), a batch of ``completions`` programs runs three ways:
+Against the fake Daytona of ``plugins/daytona/tests`` (the real ``daytona`` SDK on loopback; each
+fake sandbox a bubblewrap container of its own, so leftovers behave as on the service) with
+injected latency (create 1 s, exec 50 ms), a batch of ``completions`` programs runs these ways:
 
 * ``trl-sandbox pool``: ``SandboxPool`` of ``pool`` sandboxes, started before the batch (in
   training it starts with ``on_train_begin``, behind model loading: its warm-up is reported
-  apart); every lease is reset (one more exec round trip) so each program starts clean.
+  apart); every lease is clean (``trl_sandbox.remote_lease``: each program in a PID namespace of
+  its own, the reset carried by the next exec, no request of its own).
+* ``trl-sandbox pool (reset by its own exec)``: the same with ``clean_leases=False``, the provider
+  before the lease launcher (the reset is one more exec round trip; leftovers survive).
 * ``bare: create per completion``: ``AsyncDaytona.create`` + ``process.exec`` + ``delete`` for each
   completion, all at once (CoreWeave's and E2B's RL examples).
 * ``bare: round-robin pool``: ``pool`` sandboxes created up front, completions spread over them in
@@ -53,8 +57,9 @@ def correct(i: int, stdout: str | None, exit_code: int | None) -> bool:
     return exit_code == 0 and stdout == f"{i * i}\n"
 
 
-def run_pool(fake: FakeDaytona, work: str, n: int, size: int) -> dict:
-    provider = make_provider("daytona", {"api_key": API_KEY, "api_url": fake.api_url, "work_dir": f"{work}/{{id}}"})
+def run_pool(fake: FakeDaytona, work: str, n: int, size: int, clean: bool = True) -> dict:
+    provider = make_provider("daytona", {"api_key": API_KEY, "api_url": fake.api_url, "work_dir": f"{work}/{{id}}",
+                                         "clean_leases": clean})
     settings = PoolSettings(backoff_initial_s=0.05, backoff_max_s=0.5, lease_timeout_s=120.0, outage_s=120.0)
     pool = SandboxPool(provider, size=size, settings=settings, made_by="benchmark")
     t0 = time.perf_counter()
@@ -159,12 +164,15 @@ def measure(way: str, n: int, size: int, seed: int | None) -> dict:
         with tempfile.TemporaryDirectory() as work:
             if way == "trl-sandbox pool":
                 row = run_pool(fake, work, n, size)
+            elif way == "trl-sandbox pool (reset by its own exec)":
+                row = run_pool(fake, work, n, size, clean=False)
             elif way == "bare: create per completion":
                 row = asyncio.run(_bare_per_completion(n))
             else:
                 row = asyncio.run(_bare_round_robin(n, size))
         fake.chaos(None)
-        row.update(way=way, seed=seed, created=len(fake.created_labels), left_alive=len(fake.live()))
+        row.update(way=way, seed=seed, created=len(fake.created_labels), left_alive=len(fake.live()),
+                   exec_requests=fake.count("exec"))
     finally:
         fake.stop()
     return row
@@ -175,21 +183,39 @@ def main() -> None:
     ap.add_argument("--completions", type=int, default=64)
     ap.add_argument("--pool", type=int, default=16)
     ap.add_argument("--seeds", default="1,2,3")
+    ap.add_argument("--rounds", type=int, default=1, help="quiet rounds, the ways alternating within each")
+    ap.add_argument("--ways", default="", help="comma-separated subset of the ways (default: all)")
     args = ap.parse_args()
-    seeds = [None] + [int(s) for s in args.seeds.split(",") if s]
-    ways = ["trl-sandbox pool", "bare: round-robin pool", "bare: create per completion"]
-    rows = [measure(way, args.completions, args.pool, seed) for seed in seeds for way in ways]
-    print(f"| way | faults | reward-call latency (s) | scored / {args.completions} | created | left alive | warm-up (s) |")
-    print("|---|---|---|---|---|---|---|")
+    seeds = [None] * max(1, args.rounds) + [int(s) for s in args.seeds.split(",") if s]
+    ways = ["trl-sandbox pool", "bare: round-robin pool", "trl-sandbox pool (reset by its own exec)",
+            "bare: create per completion"]
+    if args.ways:
+        ways = [w for w in ways if w in args.ways.split(",")]
+    rows = []
+    for i, seed in enumerate(seeds):
+        for way in ways if i % 2 == 0 else ways[::-1]:  # alternate the order: drift hits every way alike
+            rows.append(measure(way, args.completions, args.pool, seed))
+            rows[-1]["round"] = i
+    print(f"| way | faults | reward-call latency (s) | scored / {args.completions} | exec requests | created "
+          "| left alive | warm-up (s) |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         faults = "none" if r["seed"] is None else f"20%+5% (seed {r['seed']})"
-        print(f"| {r['way']} | {faults} | {r['latency_s']:.2f} | {r['scored']} | {r['created']} | {r['left_alive']} "
-              f"| {r['warmup_s']:.2f} |")
+        print(f"| {r['way']} | {faults} | {r['latency_s']:.2f} | {r['scored']} | {r['exec_requests']} | {r['created']} "
+              f"| {r['left_alive']} | {r['warmup_s']:.2f} |")
+    ratios = []
+    for i in range(len(seeds)):
+        got = {r["way"]: r["latency_s"] for r in rows if r["round"] == i and r["seed"] is None}
+        if "trl-sandbox pool" in got and "bare: round-robin pool" in got:
+            ratios.append(got["trl-sandbox pool"] / got["bare: round-robin pool"])
+    if ratios:
+        print("clean lease / bare round-robin (quiet rounds): " + ", ".join(f"{r:.2f}x" for r in ratios))
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     from importlib.metadata import version
 
     RESULTS.write_text(json.dumps({"machine": {**machine(), "daytona": version("daytona")}, "latency": LATENCY,
-                                   "completions": args.completions, "pool": args.pool, "rows": rows}, indent=2))
+                                   "completions": args.completions, "pool": args.pool, "rows": rows,
+                                   "clean_over_round_robin": ratios}, indent=2))
 
 
 if __name__ == "__main__":

@@ -166,6 +166,8 @@ def baseline():
 
 def sweep(spare):
     """Stop, then kill, every process that is neither spared nor one of our ancestors."""
+    if os.readlink("/proc/self") != str(os.getpid()):  # /proc is not our PID namespace's: pids would lie
+        raise OSError(5, "/proc does not show this sandbox's processes")
     keep = ancestors(os.getpid()) | {1}
     for pid, started in spare:
         info = start_time(pid)
@@ -286,8 +288,9 @@ def program(spec, argv, stdin_data):
                 os.setuid(uid)
             except OSError:
                 pass  # the probe said so: the program keeps the launcher's user
-        elif spec.get("mode") != "sweep":
-            shed_capabilities()
+        # In both modes: a program with CAP_SYS_ADMIN could unmount the /proc the sweep and the
+        # namespace rely on, or enter another namespace; with CAP_KILL signal what is not its own.
+        shed_capabilities()
         for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores them; an exec keeps that
             signal.signal(sig, signal.SIG_DFL)
     except OSError as exc:

@@ -522,3 +522,29 @@ def check_a_reset_rides_with_the_next_exec(
     assert calls == programs, f"{calls} exec requests for {programs} programs"
     assert seen == ["[] []\n"] * programs, seen
     return calls
+
+
+_UNDO = r"""
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+caps = {l.split(':')[0]: int(l.split()[1], 16) for l in open('/proc/self/status') if l.startswith('Cap')}
+umount = libc.umount2(b'/proc', 2)
+print(sum(caps.values()), umount, ctypes.get_errno(), sorted(int(p) for p in os.listdir('/proc') if p.isdigit())[:1])
+"""
+
+
+def check_a_program_cannot_undo_its_isolation(make: ProviderFactory) -> ExecResult:
+    """A program holds no capability at all (effective, permitted, bounding, ambient, inheritable)
+    and cannot unmount the ``/proc`` the sweep and its namespace rely on (EPERM). Found by an
+    attack: a program with CAP_SYS_ADMIN unmounted its sandbox's /proc, and every later sweep saw
+    another PID namespace's processes."""
+    p = make()
+
+    async def go() -> ExecResult:
+        sandbox = await p.create(SandboxSpec())
+        return await sandbox.exec(["python3", "-c", _UNDO], timeout=10)
+
+    result = run(closing(p, go()))
+    total, umount, errno, _ = result.stdout.split(maxsplit=3)
+    assert (int(total), int(umount), int(errno)) == (0, -1, 1), result
+    return result

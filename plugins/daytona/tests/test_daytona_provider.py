@@ -359,3 +359,15 @@ def test_positive_control_without_the_launcher_a_reset_costs_an_exec(fake, provi
     with pytest.raises(AssertionError, match="1[23] exec requests for 6 programs"):
         testing.check_a_reset_rides_with_the_next_exec(lambda: provider(clean_leases=False),
                                                        lambda: fake.count("exec"))
+
+
+@pytest.mark.parametrize("isolation", ["auto", "sweep"])
+def test_a_program_cannot_undo_its_isolation(provider, isolation):
+    testing.check_a_program_cannot_undo_its_isolation(lambda: provider(isolation=isolation))
+
+
+def test_positive_control_a_plain_exec_holds_the_sandbox_roots_capabilities(provider):
+    """On the fake, as in a container that runs commands as root: without the launcher a program
+    holds capabilities, and can unmount its sandbox's /proc."""
+    with pytest.raises(AssertionError):
+        testing.check_a_program_cannot_undo_its_isolation(lambda: provider(clean_leases=False))
