@@ -274,9 +274,16 @@ def oom_score_adj(pid):
 
 
 READ_OWN = """
+import os
 def max_subarray_sum(xs):
     with open("/proc/self/oom_score_adj") as f:
         assert int(f.read()) == 1000
+    # The forker sets a candidate's score through a file of its own: none of it is left here.
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            assert "oom" not in os.readlink("/proc/self/fd/" + fd), fd
+        except FileNotFoundError:
+            pass  # the directory's own descriptor
     best = cur = xs[0]
     for x in xs[1:]:
         cur = max(x, cur + x)

@@ -33,8 +33,9 @@ OOM_PROGRAM = 1000  # every program's processes and every candidate: the OOM kil
 PR_GET_DUMPABLE = 3
 
 
-def set_oom_score(value):
+def set_oom_score(value, keep=False):
     """Set this process's ``oom_score_adj`` to ``value`` and read it back; raise if that fails.
+    With ``keep``, return the open file (the forker sets its candidates' score through it).
 
     The OOM killer's order in a sandbox: programs and candidates first (``OOM_PROGRAM``), then the
     judge and the forker (``S.OOM_HELPER``), the supervisor last (the score it was started with).
@@ -42,8 +43,8 @@ def set_oom_score(value):
     files belong to a root that the sandbox's user namespace does not map: it cannot open its own
     ``oom_score_adj`` (the write used to fail, unnoticed, and every process kept the supervisor's
     score). So it is dumpable for the write, and non-dumpable again after. Nothing else of the
-    sandbox runs meanwhile (a program's child, the judge and the forker when they start, a
-    candidate while it is set up before its program), and raising the score needs no privilege."""
+    sandbox runs meanwhile (a program's child before its program, the judge and the forker when
+    they start), and raising the score needs no privilege."""
     prctl = kernel.libc().prctl
     was = prctl(PR_GET_DUMPABLE, 0, 0, 0, 0)
     if was != 1:
@@ -54,12 +55,14 @@ def set_oom_score(value):
             os.write(fd, b"%d" % value)
             got = int(os.pread(fd, 16, 0))
         finally:
-            os.close(fd)
+            if not keep:
+                os.close(fd)
     finally:
         if was != 1:
             kernel.check(prctl(kernel.PR_SET_DUMPABLE, was, 0, 0, 0), "PR_SET_DUMPABLE")
     if got != value:
         raise OSError(f"oom_score_adj is {got}, not {value}")
+    return fd if keep else None
 
 
 def child_setup(job):

@@ -39,7 +39,7 @@ import struct
 from . import kernel
 from . import state as S
 from .budget import ticks_of
-from .child import EXIT_CANNOT_RUN, apply_limits, child_fail
+from .child import EXIT_CANNOT_RUN, OOM_PROGRAM, apply_limits, child_fail, set_oom_score
 
 PID = None  # the forker's pid, while one runs
 SOCKET = None  # PID 1's end of its socket
@@ -186,6 +186,9 @@ def run_forker(job):
     _resident = resident  # bound once: an import statement in the loop would run the import system
     _, main, sock = job
     sock = resident.settle_helper(sock, devnull_at=0)  # its OOM score and interpreter state are inherited
+    global OOM_FD, OOM_SCORES
+    OOM_FD = set_oom_score(S.OOM_HELPER, keep=True)  # see _fork
+    OOM_SCORES = (b"%d" % OOM_PROGRAM, b"%d" % S.OOM_HELPER)
     # What every candidate would set up alike is set up here once and inherited: the program's
     # limits but CPU seconds (which count per process: each candidate sets its own), no
     # capabilities, no new privileges, the candidates' filter, non-dumpable.
@@ -238,12 +241,38 @@ def _reseed():
         hook()
 
 
+OOM_FD = None  # the forker's own oom_score_adj, open (read and write)
+OOM_SCORES = (b"1000", b"500")  # a candidate's, the forker's
+
+
+def _fork():
+    """``os.fork()``, the child born with the programs' OOM score.
+
+    The forker raises its own score for the fork and lowers it back after (down to no lower than
+    it was, which needs no privilege), through a file it opened while it could: a candidate, a
+    non-dumpable process, cannot open its own ``oom_score_adj`` unless it makes itself dumpable
+    for the write, which would cost every candidate code and faults on its path. The file is
+    closed in the child before any program code runs (its descriptors above 3 are closed or
+    replaced, ``wire_candidate`` and ``_fork_waiting``). A write that fails raises: the forker is
+    gone, and the exec says so."""
+    high, low = OOM_SCORES
+    os.pwrite(OOM_FD, high, 0)
+    try:
+        pid = os.fork()
+    except BaseException:
+        os.pwrite(OOM_FD, low, 0)
+        raise
+    if pid:
+        os.pwrite(OOM_FD, low, 0)
+    return pid
+
+
 def _fork_now(main, fds, path):
     """Fork a candidate for this exec. Its pid (-errno when no fork could be made)."""
     resident = _resident
     _reseed()
     try:
-        pid = os.fork()
+        pid = _fork()
     except OSError as exc:
         return -(exc.errno or 1)
     if pid == 0:
@@ -281,7 +310,7 @@ def _fork_waiting(main):
     ours, theirs = _socketpair(_AF_UNIX, _SOCK_SEQPACKET)
     _reseed()
     try:
-        pid = os.fork()
+        pid = _fork()
     except OSError:
         ours.close()
         theirs.close()

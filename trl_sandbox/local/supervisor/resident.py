@@ -42,7 +42,7 @@ import time
 from . import forker, kernel
 from . import state as S
 from .budget import Budget, children_cpu_s, ticks_of
-from .child import OOM_PROGRAM, apply_limits, exit_status, set_oom_score
+from .child import apply_limits, exit_status, set_oom_score
 from .output import Output
 from .protocol import K_ERROR, reply
 
@@ -316,10 +316,10 @@ def wire_candidate(fds):
 
 
 def prepare_candidate():
-    """A candidate's own session (and process group), OOM score (a program's: above the forker's,
-    which it inherits) and CPU limit. The forker has set up the rest for all of them
-    (``forker.run_forker``): a fresh interpreter state, ``/`` as working directory, the other
-    limits, the seccomp filter, no capabilities, no new privileges, non-dumpable.
+    """A candidate's own session (and process group) and CPU limit. The forker has set up the
+    rest for all of them (``forker.run_forker``): a fresh interpreter state, ``/`` as working
+    directory, the programs' OOM score (``forker._fork``), the other limits, the seccomp filter,
+    no capabilities, no new privileges, non-dumpable.
 
     A session, not only a group: a process may move into any process group of its own session,
     and the forker's group is its session's. A candidate left in the forker's session could join
@@ -328,7 +328,6 @@ def prepare_candidate():
     cannot tell from a call on the candidate's own group. In a session of its own, the groups it
     and its processes can join are its own."""
     os.setsid()
-    set_oom_score(OOM_PROGRAM)
     for name, soft, hard in CPU_LIMITS:
         try:
             resource.setrlimit(name, (soft, hard))
