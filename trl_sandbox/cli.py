@@ -74,7 +74,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", help="write result lines here instead of standard output (journaled as they finish)")
     p.add_argument("--resume", action="store_true",
                    help="reuse the finished results an interrupted run with the same --output left behind")
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds per program (default: 10)")
+    p.add_argument("--timeout", type=float, default=10.0, metavar="S",
+                   help="wall-clock seconds per program (default: 10): S seconds after it starts, the program "
+                   "and every process it started are killed, whether they computed, slept or waited, and its "
+                   "result has timed_out true. On the local provider the clock starts when the program "
+                   "starts in its sandbox; on a remote provider (daytona, coreweave) S is the service's own "
+                   "exec deadline, also wall clock (Daytona rounds it up to whole seconds), measured by the "
+                   "service and so including its start of the command; the wait for a free sandbox never "
+                   "counts")
+    p.add_argument("--cpu-timeout", type=float, default=None, metavar="C",
+                   help="also CPU seconds per process (default: no bound but --timeout): a process of the "
+                   "program that has used C CPU seconds, rounded up to whole seconds, is killed (SIGXCPU, then "
+                   "SIGKILL a second later) and the result has timed_out true")
     p.add_argument("--pool-size", type=int, default=max(1, min(4, os.cpu_count() or 1)), help="sandboxes to run at once")
     p.add_argument("--python", default="python3", help="interpreter name used for {code} lines (default: python3)")
 
