@@ -21,7 +21,11 @@ What a caller can rely on:
   the service does not stop a command whose RPC was cancelled, and under ``prlimit`` for
   ``SandboxSpec.limits`` (both only when the image has the tool; checked once per sandbox).
 * Relative paths and the default cwd are the work directory (``work_dir``, default
-  ``/tmp/trl-sandbox/work``); ``reset()`` empties it.
+  ``/tmp/trl-sandbox/work``). ``reset()`` sends nothing: the next exec carries it. Every program
+  runs through the lease launcher (``trl_sandbox.remote_lease``): in a PID namespace of its own
+  that ends with it (or, where the image refuses namespaces, between two sweeps that kill every
+  process a program left), after the due reset has emptied ``/tmp``, ``/var/tmp``, ``/dev/shm``
+  and the work directory; the launcher applies ``SandboxSpec.limits`` and the cwd.
 * Errors: UNAVAILABLE/INTERNAL/transport -> ``InfraError``, RESOURCE_EXHAUSTED -> ``RateLimitError``
   (``retry_after`` from the server's RetryInfo) or ``QuotaError`` when it names a quota,
   UNAUTHENTICATED/PERMISSION_DENIED -> ``ConfigError``, NOT_FOUND on our sandbox -> ``InfraError``

@@ -18,7 +18,11 @@ What a caller can rely on:
   ``SandboxSpec.limits`` (CPU seconds, address space, file size, open files) are applied with
   ``prlimit`` when the sandbox image has it (checked once per sandbox).
 * Relative paths and the default cwd are the work directory (``work_dir``, default
-  ``/tmp/trl-sandbox/work``); ``reset()`` empties it. Files persist until then.
+  ``/tmp/trl-sandbox/work``). Files persist until ``reset()``, which sends nothing: the next exec
+  carries it. Every program runs through the lease launcher (``trl_sandbox.remote_lease``): in a
+  PID namespace of its own that ends with it (or, where the image refuses namespaces, between two
+  sweeps that kill every process a program left), after the due reset has emptied ``/tmp``,
+  ``/var/tmp``, ``/dev/shm`` and the work directory; stdin up to 4 MiB rides in the command.
 * Errors: 429 -> ``RateLimitError`` (``retry_after`` from ``Retry-After-*``/``Retry-After``),
   5xx, transport errors and a sandbox that vanished (404) -> ``InfraError``, account limits
   (400/403/422 saying "limit"/"quota"/"exceeded") -> ``QuotaError``, 401 and other 400/403 ->
