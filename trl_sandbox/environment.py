@@ -31,7 +31,7 @@ from typing import Any
 
 from .pool import SandboxPool
 from .sandbox import ConfigError, ExecResult, InfraError, Sandbox, SandboxOutageError
-from .scoring import Scorer
+from .scoring import Scorer, _utf8_size, clip_bytes, clip_text
 from .tasks import Outcome
 
 log = logging.getLogger("trl_sandbox")
@@ -56,11 +56,29 @@ def _count_holder(pool: SandboxPool, delta: int) -> int:
 
 
 def _render(result: ExecResult, limit: int) -> str:
-    text = result.stdout
-    if result.stderr:
-        text += ("\n" if text else "") + result.stderr
-    if len(text) > limit:
-        text = text[: limit // 2] + f"\n... [{len(text) - limit} characters cut] ...\n" + text[-limit // 2 :]
+    """A command's result as the model's observation: its status, then stdout and stderr, at most
+    ``limit`` bytes of UTF-8 of output in all, each stream cut in its middle with a marker
+    ``... [N bytes cut] ...`` (see ``scoring.clip_text``).
+
+    The observation stays in the conversation for the rest of the episode, and a command may write
+    16 MiB to each stream: each stream is clipped on its own first, so that the host never builds
+    the two floods joined (the old ``stdout + stderr`` cost another copy of both).
+    """
+    out, err = result.stdout, result.stderr
+    if out and err:
+        # The shorter stream keeps what it needs up to half the room; the other gets the rest.
+        half = limit // 2
+        out_short = clip_text(out, half)
+        err_short = clip_text(err, half)
+        if out_short is out:
+            err = clip_text(err, max(0, limit - 1 - _utf8_size(out)))
+        elif err_short is err:
+            out = clip_text(out, max(0, limit - 1 - _utf8_size(err)))
+        else:
+            out, err = out_short, clip_text(err, max(0, limit - 1 - half))
+        text = out + "\n" + err
+    else:
+        text = clip_text(out or err, limit)
     status = "timed out" if result.timed_out else f"exit code {result.exit_code}"
     return f"[{status}]\n{text}" if text else f"[{status}]"
 
@@ -91,6 +109,11 @@ class SandboxEnvironment:
     ``max_attempts`` (or a row's ``max_attempts`` column, which wins) bounds how many times
     ``run_tests`` judges the solution in one episode, as an agent's attempt budget: later calls
     answer that the budget is spent, without judging. ``None``: no bound.
+
+    ``max_output_chars`` bounds what one tool call adds to the conversation, in bytes of UTF-8 (a
+    character for ASCII output): the output of ``bash``, a file ``read_file`` shows, the detail of
+    ``run_tests`` are cut in their middle with a marker ``... [N bytes cut] ...``. Observations
+    stay in the conversation for the whole episode, however much the model's commands print.
     """
 
     def __init__(
@@ -260,7 +283,7 @@ class SandboxEnvironment:
                     self._attempts_left -= 1
             outcome = self._score(self._final_code())
             return f"{outcome.status}: {outcome.passed}/{outcome.total} tests passed" + (
-                f" ({outcome.detail})" if outcome.detail else ""
+                f" ({clip_text(outcome.detail, self.max_output_chars)})" if outcome.detail else ""
             )
 
         return self._tool(judge)
@@ -283,8 +306,8 @@ class SandboxEnvironment:
         return _render(result, self.max_output_chars)
 
     def _read(self, sandbox: Sandbox, path: str) -> str:
-        text = self._call(sandbox.read_file(path)).decode(errors="replace")
-        return text if len(text) <= self.max_output_chars else text[: self.max_output_chars] + "\n... [cut]"
+        # A file may be as large as the sandbox allows (64 MiB): only what is shown is decoded.
+        return clip_bytes(self._call(sandbox.read_file(path)), self.max_output_chars)
 
     def _write(self, sandbox: Sandbox, path: str, content: str) -> str:
         # A lone surrogate is legal in a tool call's JSON but not in UTF-8: it is written as "?".
