@@ -100,14 +100,14 @@ def run_batch(args: argparse.Namespace, settings: dict[str, Any]) -> int:
         raise ConfigError(f"cannot read --input {args.input!r}: {exc}") from None
     if not lines:
         raise ConfigError(f"--input {args.input!r} holds no program lines")
-    out = ResultsFile(args.output, resume=getattr(args, "resume", False))
+    # Spooled: a result (up to 16 MiB a stream) is on the host only while it is journaled; the
+    # final file is copied from the journal, so a batch of floods costs what is in flight.
+    out = ResultsFile(args.output, resume=getattr(args, "resume", False), spool=True)
     parsed = [_job(n, line, args.python) for n, line in lines]
     keys = [line_key(line) for _, line in lines]
-    results: list[dict[str, Any] | None] = [None] * len(parsed)
     progress = _progress(len(parsed))
 
     def done(i: int, result: dict[str, Any]) -> None:
-        results[i] = result
         out.add(i, keys[i], result)
         progress.update(1)
 
@@ -127,9 +127,7 @@ def run_batch(args: argparse.Namespace, settings: dict[str, Any]) -> int:
             async def everything() -> None:
                 jobs = []
                 for i, (ident, job) in enumerate(parsed):
-                    earlier = out.reusable(i, keys[i])
-                    if earlier is not None:
-                        results[i] = earlier
+                    if out.reusable(i, keys[i]) is not None:
                         progress.update(1)
                     elif isinstance(job, str):
                         done(i, _empty(ident, job))
@@ -144,9 +142,9 @@ def run_batch(args: argparse.Namespace, settings: dict[str, Any]) -> int:
         print(f"trl-sandbox exec: stopped; {out.interrupted_note()}", file=sys.stderr)
         raise
     progress.close()
-    out.finish(r for r in results if r is not None)
+    out.finish_spooled(len(parsed))
     if out.path:
-        print(f"trl-sandbox exec: {len(results)} results written to {out.path}"
+        print(f"trl-sandbox exec: {len(parsed)} results written to {out.path}"
               + (f" ({len(out.reused)} reused from the interrupted run)" if out.reused else ""), file=sys.stderr)
     return 0
 
