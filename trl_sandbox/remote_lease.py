@@ -61,6 +61,10 @@ LAUNCHER_SOURCE = SOURCES["probe"]  # the whole launcher (the probe runs it once
 # module either (nothing of the image's site-packages runs before the launcher's own code).
 LAUNCHER_ARGV = ("python3", "-I", "-S", "-c", LAUNCHER_SOURCE)
 FAILED_EXIT = 125
+#: Added to the service's own time limit for an exec: the launcher's cleaning runs before the
+#: program's clock starts (the launcher enforces the program's limit itself), so a program that
+#: left a million files cannot slow its neighbour into a timeout.
+CLEANING_MARGIN_S = 10
 #: The user a program runs as in ``sweep`` mode when the launcher may switch to it (nobody).
 SWEEP_UID = 65534
 
@@ -115,11 +119,14 @@ class Lease:
         return lease
 
     def argv(self, argv: Sequence[str], *, work: str, cwd: str | None, limits: ResourceLimits | None,
-             stdin_b64: bool = False, keep: Sequence[str] = ()) -> tuple[list[str], str]:
-        """The launcher's argv for one program, and the tag of its failure line. Carries the due reset."""
+             timeout: float | None = None, stdin_b64: bool = False,
+             keep: Sequence[str] = ()) -> tuple[list[str], str]:
+        """The launcher's argv for one program, and the tag of its own lines. Carries the due reset."""
         tag = secrets.token_hex(8)
         spec: dict[str, Any] = {"mode": "sweep" if self.isolation == "sweep" else "ns", "work": work,
                                 "cwd": cwd or work, "reset": self.reset_due, "tag": tag}
+        if timeout is not None:
+            spec["timeout"] = float(timeout)
         if limits is not None:
             spec["limits"] = rlimits(limits)
         if stdin_b64:
@@ -135,9 +142,15 @@ class Lease:
 
 
 def failure(stdout: str, tag: str) -> str | None:
-    """The launcher's own failure reason in ``stdout`` (None when the program ran)."""
+    """The launcher's own failure reason in ``stdout`` (None when it did not fail). The tag is
+    fresh per exec and never visible to the program, so the line cannot be forged."""
     marker = f"[trl-sandbox-lease:{tag}:failed] "
-    i = stdout.find(marker)
-    if i != 0:
+    i = stdout.rfind(marker)
+    if i < 0:
         return None
-    return stdout[len(marker):].splitlines()[0] if stdout[len(marker):] else "unknown"
+    return stdout[i + len(marker):].split("\n", 1)[0] or "unknown"
+
+
+def timed_out(stdout: str, tag: str) -> bool:
+    """Whether the launcher ended the program at its wall-clock limit."""
+    return stdout.endswith(f"[trl-sandbox-lease:{tag}:timeout]\n")

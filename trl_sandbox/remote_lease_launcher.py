@@ -28,7 +28,11 @@ What one run does, in this order, before the program gets control:
 provider runs it once, with the exec that prepares a new sandbox. A failure of the launcher's own
 work (a wipe, a namespace refused after the probe allowed it) is a line ``[trl-sandbox-lease:TAG:
 failed] why`` on stdout before the program ever ran, and exit status 125: the provider turns it
-into ``InfraError`` (the pool replaces the sandbox). Program failures keep their own status; a
+into ``SandboxGoneError`` (the pool replaces the sandbox and runs the program on another). The
+program's wall-clock limit (``timeout``) is counted from the program's own start, so the cleaning
+is never its time; a program past it is killed (with all it started) and the launcher's last line
+is ``[trl-sandbox-lease:TAG:timeout]``. The ``TAG`` is fresh per exec and never visible to the
+program (the launcher blanks its own command line), so neither line can be forged. Program failures keep their own status; a
 program killed by a signal kills the launcher with the same signal, so the daemon reports it as it
 would have without the launcher.
 """
@@ -234,7 +238,7 @@ def wipe(spec):
             path = os.path.dirname(path)
             kept_dirs.add(path)
 
-    def empty(directory):
+    def empty(directory, doomed):
         try:
             names = os.listdir(directory)
         except FileNotFoundError:
@@ -244,15 +248,31 @@ def wipe(spec):
             if path in keep:
                 continue
             if path in kept_dirs and os.path.isdir(path) and not os.path.islink(path):
-                empty(path)
+                empty(path, doomed)
                 continue
-            remove(path)
+            doomed.append(path)
 
+    doomed = []
     for directory in WRITABLE:
-        empty(directory)
+        empty(directory, doomed)
     work = spec["work"]
     if os.path.isdir(work):
-        empty(work)
+        empty(work, doomed)
+    if doomed and rm_rf(doomed):
+        return
+    for path in doomed:
+        remove(path)
+
+
+def rm_rf(paths):
+    """``rm -rf`` when the image has it (it walks by file descriptor: a tree deeper than PATH_MAX or
+    than Python's recursion limit goes too). True when it removed everything."""
+    for rm in ("/bin/rm", "/usr/bin/rm"):
+        if os.access(rm, os.X_OK):
+            pid = os.posix_spawn(rm, ["rm", "-rf", "--", *paths], os.environ)
+            status = os.waitpid(pid, 0)[1]
+            return status == 0 and not any(os.path.lexists(p) for p in paths)
+    return False
 
 
 def limit(spec):
@@ -321,6 +341,7 @@ def init(spec, argv, stdin_data, alive, report):
     if child == 0:
         os.close(report)
         program(spec, argv, stdin_data)
+    late = deadline(spec, -1)
     status = None
     while status is None:
         try:
@@ -329,6 +350,7 @@ def init(spec, argv, stdin_data, alive, report):
             break
         if pid == child:
             status = got
+    signal.setitimer(signal.ITIMER_REAL, 0)
     # Kill and reap everything the program left before reporting, so the launcher may relay at
     # once: the kernel's own teardown of the namespaces, after this process exits, costs about
     # 10 ms that nobody waits for. kill(-1) from PID 1 reaches every other process in the
@@ -345,8 +367,32 @@ def init(spec, argv, stdin_data, alive, report):
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):  # whoever waits for the end of the output must not wait for our teardown
         os.dup2(null, fd)
-    os.write(report, (str(status if status is not None else 255 << 8) + "\n").encode())
+    os.write(report, (str(status if status is not None else 255 << 8) + ("T" if late else "") + "\n").encode())
     os._exit(0)
+
+
+def deadline(spec, target):
+    """The program's wall-clock limit, counted from its own start (the cleaning before it is not
+    its time): at ``spec["timeout"]`` seconds, SIGKILL ``target`` (-1 from a namespace's init:
+    everything in it). Returns a list that is non-empty once the limit has struck."""
+    late = []
+    if spec.get("timeout"):
+        def strike(signum, frame):
+            late.append(1)
+            try:
+                os.kill(target, signal.SIGKILL)
+            except OSError:
+                pass
+
+        signal.signal(signal.SIGALRM, strike)
+        signal.setitimer(signal.ITIMER_REAL, float(spec["timeout"]))
+    return late
+
+
+def timed_out(spec):
+    """The program ran past its limit: say so with the tag (the program cannot know it)."""
+    os.write(1, ("[trl-sandbox-lease:{}:timeout]\n".format(spec.get("tag", ""))).encode())
+    os._exit(124)
 
 
 def relay(status):
@@ -443,15 +489,22 @@ def main():
         os.makedirs(spec["work"], exist_ok=True)
         if mode == "sweep" and spec.get("uid") is not None and os.geteuid() == 0:
             os.chown(spec["work"], spec["uid"], spec["uid"])
-    except OSError as exc:
-        fail(spec, f"cleaning the sandbox: {exc}")
+    except Exception as exc:  # whatever a program left that breaks the cleaning: never its neighbour's error
+        fail(spec, f"cleaning the sandbox: {type(exc).__name__}: {exc}")
     sys.stdout.flush()
     if mode == "sweep":
         child = os.fork()
         if child == 0:
             program(spec, argv, stdin_data)
+        late = deadline(spec, child)
         _, status = os.waitpid(child, 0)
-        sweep(spec.get("spare") or ())
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        try:
+            sweep(spec.get("spare") or ())
+        except Exception as exc:
+            fail(spec, f"sweeping after the program: {type(exc).__name__}: {exc}")
+        if late:
+            timed_out(spec)
         relay(status)
     try:
         enter_namespaces()
@@ -475,7 +528,9 @@ def main():
         answer += chunk
     if not answer.endswith(b"\n"):
         fail(spec, "the program's namespace ended without a status")
-    relay(int(answer))
+    if answer.endswith(b"T\n"):
+        timed_out(spec)
+    relay(int(answer.rstrip(b"T\n")))
 
 
 if __name__ == "__main__":

@@ -548,3 +548,44 @@ def check_a_program_cannot_undo_its_isolation(make: ProviderFactory) -> ExecResu
     total, umount, errno, _ = result.stdout.split(maxsplit=3)
     assert (int(total), int(umount), int(errno)) == (0, -1, 1), result
     return result
+
+
+_LITTER = r"""
+import os, sys, time
+kind, budget = sys.argv[1], float(sys.argv[2])
+os.chdir('/tmp')
+if kind == 'deep':  # deeper than PATH_MAX and than Python's recursion limit
+    for _ in range(3000):
+        os.mkdir('d')
+        os.chdir('d')
+else:  # as many files as fit in the budget: emptying /tmp then takes about as long
+    end, n = time.monotonic() + budget, 0
+    os.mkdir('litter')
+    while time.monotonic() < end:
+        for _ in range(500):
+            open(f'litter/{n}', 'w').close()
+            n += 1
+print(kind, 'done')
+"""
+
+
+def check_what_a_program_leaves_cannot_break_or_slow_the_next(make: ProviderFactory) -> dict[str, ExecResult]:
+    """Found by attacks: a program leaves in /tmp (a) a directory tree 3000 levels deep, which a
+    recursive cleaning in Python cannot remove (the neighbour's exec failed: its verdict became
+    ``error``), or (b) so many files that emptying /tmp takes longer than the next program's whole
+    time limit (the neighbour timed out). The next program must run to its own result, within its
+    own limit; the cleaning is not its time. Returns the neighbours' results; for (b) its
+    ``duration_s`` (the whole exec) exceeding its 1 s limit is the control that the cleaning was
+    that slow."""
+    p = make()
+    out: dict[str, ExecResult] = {}
+    neighbour = ["python3", "-c", "import time; time.sleep(0.2); print('mine')"]
+    with SandboxPool.open(p, size=1, spec=SandboxSpec(), pool_settings=FAST) as pool:
+        for kind, budget in (("deep", 0), ("files", 4.0)):
+            litter = pool.run(["python3", "-c", _LITTER, kind, str(budget)], timeout=30)
+            assert litter.stdout == f"{kind} done\n", litter
+            out[kind] = pool.run(neighbour, timeout=1)
+    for kind, result in out.items():
+        assert (result.exit_code, result.stdout, result.timed_out) == (0, "mine\n", False), f"{kind}: {result!r}"
+    assert out["files"].duration_s > 1.0, f"control: the cleaning was quick ({out['files'].duration_s:.2f} s)"
+    return out

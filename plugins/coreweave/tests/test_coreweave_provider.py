@@ -342,3 +342,8 @@ def test_positive_control_a_plain_exec_holds_the_sandbox_roots_capabilities(prov
     holds capabilities, and can unmount its sandbox's /proc."""
     with pytest.raises(AssertionError):
         testing.check_a_program_cannot_undo_its_isolation(lambda: provider(clean_leases=False))
+
+
+def test_what_a_program_leaves_cannot_break_or_slow_the_next(provider):
+    testing.check_what_a_program_leaves_cannot_break_or_slow_the_next(provider)
+

@@ -58,7 +58,15 @@ from trl_sandbox import (
     SandboxInfo,
     SandboxSpec,
 )
-from trl_sandbox.remote_lease import FAILED_EXIT, LAUNCHER_SOURCE, Lease, failure, probe_argv
+from trl_sandbox.remote_lease import (
+    CLEANING_MARGIN_S,
+    FAILED_EXIT,
+    LAUNCHER_SOURCE,
+    Lease,
+    failure,
+    probe_argv,
+    timed_out,
+)
 from trl_sandbox.sandbox import exec_arguments
 from trl_sandbox.settings import flag, number
 
@@ -207,10 +215,11 @@ class CoreWeaveSandbox:
             if "env" not in self.tools:
                 raise InfraError(f"CoreWeave Sandbox: sandbox {self.id} has no `env` to pass exec variables")
             prefix += ["env", "--", *(f"{k}={v}" for k, v in env.items())]
+        margin = CLEANING_MARGIN_S if self.lease is not None else 0  # the launcher's cleaning
         if self._provider.kill_after_timeout and "timeout" in self.tools:
-            prefix += ["timeout", "-s", "KILL", str(math.ceil(timeout) + _GRACE_S)]
+            prefix += ["timeout", "-s", "KILL", str(math.ceil(timeout) + _GRACE_S + margin)]
         if self.lease is not None:
-            launcher, tag = self.lease.argv(argv, work=self.work_dir, cwd=cwd,
+            launcher, tag = self.lease.argv(argv, work=self.work_dir, cwd=cwd, timeout=timeout,
                                             limits=self.limits if self._provider.rlimits else None)
             return [*prefix, *launcher], tag
         if self._provider.rlimits and "prlimit" in self.tools:
@@ -247,7 +256,8 @@ class CoreWeaveSandbox:
         try:
             # With the launcher, no cwd for the SDK (it would wrap the argv in one more shell).
             process = self._sb.exec(command, cwd=None if tag is not None else full_cwd,
-                                    timeout_seconds=float(timeout), stdin=bool(stdin))
+                                    timeout_seconds=float(timeout) + (CLEANING_MARGIN_S if tag is not None else 0),
+                                    stdin=bool(stdin))
             if stdin:
                 try:
                     await process.stdin.write(bytes(stdin))
@@ -266,8 +276,10 @@ class CoreWeaveSandbox:
         out, err = result.stdout_bytes, result.stderr_bytes
         if tag is not None and result.returncode == FAILED_EXIT:
             why = failure(out.decode("utf-8", "replace"), tag)
-            if why is not None:
-                raise InfraError(f"CoreWeave Sandbox: sandbox {self.id}: the lease launcher failed: {why}")
+            if why is not None:  # the sandbox cannot be made clean: another one runs the program
+                raise SandboxGoneError(f"CoreWeave Sandbox: sandbox {self.id}: the lease launcher failed: {why}")
+        if tag is not None and out.endswith(b"]\n") and timed_out(out[-64:].decode("ascii", "replace"), tag):
+            return ExecResult(exit_code=None, timed_out=True, duration_s=duration)
         truncated = len(out) > cap or len(err) > cap
         return ExecResult(
             exit_code=result.returncode,

@@ -371,3 +371,29 @@ def test_positive_control_a_plain_exec_holds_the_sandbox_roots_capabilities(prov
     holds capabilities, and can unmount its sandbox's /proc."""
     with pytest.raises(AssertionError):
         testing.check_a_program_cannot_undo_its_isolation(lambda: provider(clean_leases=False))
+
+
+def test_what_a_program_leaves_cannot_break_or_slow_the_next(provider):
+    testing.check_what_a_program_leaves_cannot_break_or_slow_the_next(provider)
+
+
+def test_positive_control_a_recursive_cleaning_in_python_breaks_on_a_deep_tree(tmp_path):
+    """The deep tree of the check above is a real attack: Python's own recursive removal (the
+    launcher's fallback where the image has no ``rm``) fails on it."""
+    import os
+    import sys
+
+    from trl_sandbox import remote_lease_launcher
+
+    path = os.path.join(str(tmp_path), "t")
+    os.mkdir(path)
+    here = os.open(path, os.O_RDONLY)
+    for _ in range(sys.getrecursionlimit() + 10):
+        os.mkdir("d", dir_fd=here)
+        there = os.open("d", os.O_RDONLY, dir_fd=here)
+        os.close(here)
+        here = there
+    os.close(here)
+    with pytest.raises((RecursionError, OSError)):
+        remote_lease_launcher.remove(path)
+    assert remote_lease_launcher.rm_rf([path])  # what the launcher uses

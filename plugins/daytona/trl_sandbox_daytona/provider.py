@@ -60,7 +60,7 @@ from trl_sandbox import (
     SandboxInfo,
     SandboxSpec,
 )
-from trl_sandbox.remote_lease import FAILED_EXIT, Lease, failure, probe_argv
+from trl_sandbox.remote_lease import CLEANING_MARGIN_S, FAILED_EXIT, Lease, failure, probe_argv, timed_out
 from trl_sandbox.sandbox import exec_arguments
 from trl_sandbox.settings import flag, number
 
@@ -295,7 +295,7 @@ class DaytonaSandbox:
         reset = False
         if lease is not None:
             launcher, tag = lease.argv(argv, work=self.work_dir, cwd=self._path(cwd) if cwd else None,
-                                       limits=self.limits if self._provider.rlimits else None,
+                                       limits=self.limits if self._provider.rlimits else None, timeout=timeout,
                                        stdin_b64=heredoc is not None, keep=[err_path])
             program, daemon_cwd = shlex.join(launcher), "/"
             reset, lease.reset_due = lease.reset_due, False
@@ -308,7 +308,9 @@ class DaytonaSandbox:
                 command,
                 cwd=daemon_cwd,
                 env={str(k): str(v) for k, v in env.items()} if env else None,
-                timeout=max(1, math.ceil(timeout)),
+                # With the launcher, it enforces the program's limit from the program's start; the
+                # daemon's limit is only a backstop that leaves room for the cleaning before it.
+                timeout=max(1, math.ceil(timeout)) + (CLEANING_MARGIN_S if tag is not None else 0),
             )
         except Exception as exc:
             if _is_exec_timeout(exc):
@@ -320,8 +322,10 @@ class DaytonaSandbox:
         stdout, stderr, complete = split_streams(response.result or "", nonce)
         if tag is not None and response.exit_code == FAILED_EXIT:
             why = failure(stdout, tag)
-            if why is not None:
-                raise InfraError(f"Daytona: sandbox {self.id}: the lease launcher failed: {why}")
+            if why is not None:  # the sandbox cannot be made clean: another one runs the program
+                raise SandboxGoneError(f"Daytona: sandbox {self.id}: the lease launcher failed: {why}")
+        if tag is not None and timed_out(stdout, tag):
+            return ExecResult(exit_code=None, timed_out=True, duration_s=duration)
         cap = self.limits.output_bytes
         truncated = not complete or len(stdout) > cap or len(stderr) > cap
         return ExecResult(exit_code=response.exit_code, stdout=stdout[:cap], stderr=stderr[:cap],
