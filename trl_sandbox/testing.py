@@ -589,3 +589,9 @@ def check_what_a_program_leaves_cannot_break_or_slow_the_next(make: ProviderFact
         assert (result.exit_code, result.stdout, result.timed_out) == (0, "mine\n", False), f"{kind}: {result!r}"
     assert out["files"].duration_s > 1.0, f"control: the cleaning was quick ({out['files'].duration_s:.2f} s)"
     return out
+
+
+def leftover_attack(style: str = "setsid") -> tuple[list[str], list[str]]:
+    """The attacker and victim argv of ``check_leftovers_cannot_reach_the_next_lease`` (the victim
+    reads ``VICTIM_SECRET`` on stdin), for positive controls against a bare SDK."""
+    return _attacker(style), _victim()

@@ -397,3 +397,30 @@ def test_positive_control_a_recursive_cleaning_in_python_breaks_on_a_deep_tree(t
     with pytest.raises((RecursionError, OSError)):
         remote_lease_launcher.remove(path)
     assert remote_lease_launcher.rm_rf([path])  # what the launcher uses
+
+
+def test_positive_control_the_fake_keeps_a_leftover_for_the_next_bare_sdk_exec(fake):
+    """The fake is honest: with the bare SDK (two plain ``process.exec`` calls on one sandbox, as
+    the vendor's examples do) the leftover of the first command survives and gets the second."""
+    import asyncio
+    import shlex
+
+    from daytona import AsyncDaytona, CreateSandboxFromSnapshotParams, DaytonaConfig
+
+    attacker, victim = testing.leftover_attack("setsid")
+
+    async def go():
+        client = AsyncDaytona(DaytonaConfig(api_key=API_KEY, api_url=fake.api_url))
+        try:
+            sandbox = await client.create(CreateSandboxFromSnapshotParams(), timeout=30)
+            first = await sandbox.process.exec(f"mkdir -p /tmp/w && cd /tmp/w && {shlex.join(attacker)}", timeout=10)
+            await asyncio.sleep(0.3)  # the leftover is up
+            second = await sandbox.process.exec(
+                f"cd /tmp/w && printf %s {shlex.quote(testing.VICTIM_SECRET)} | {shlex.join(victim)}", timeout=10)
+            return first, second
+        finally:
+            await client.close()
+
+    first, second = run(go())
+    assert first.exit_code == 0
+    assert second.exit_code != 0  # the leftover killed it (SIGKILL: 137)
