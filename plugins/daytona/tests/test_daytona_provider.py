@@ -424,3 +424,26 @@ def test_positive_control_the_fake_keeps_a_leftover_for_the_next_bare_sdk_exec(f
     first, second = run(go())
     assert first.exit_code == 0
     assert second.exit_code != 0  # the leftover killed it (SIGKILL: 137)
+
+
+def test_a_judge_sized_stdin_rides_in_the_exec_without_an_upload(fake, provider):
+    """Stdin up to 64 KiB travels in the command (no upload request, no file in the sandbox);
+    larger stdin is uploaded first, as before."""
+    p = provider()
+    digest = "import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())"
+    small, large = bytes(range(256)) * 40, b"y" * (100 << 10)
+
+    async def go():
+        sandbox = await p.create(SandboxSpec())
+        counts = []
+        for data in (small, large):
+            before = (fake.count("exec"), fake.count("upload"))
+            result = await sandbox.exec(["python3", "-c", digest], stdin=data, timeout=10)
+            counts.append((fake.count("exec") - before[0], fake.count("upload") - before[1], result.stdout))
+        return counts
+
+    import hashlib
+
+    (small_calls, large_calls) = run(closing(p, go()))
+    assert small_calls == (1, 0, hashlib.sha256(small).hexdigest() + "\n")
+    assert large_calls == (1, 1, hashlib.sha256(large).hexdigest() + "\n")

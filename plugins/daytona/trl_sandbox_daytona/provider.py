@@ -78,8 +78,9 @@ KEY_HINT = (
 _QUOTA = re.compile(r"(?<![a-z0-9_])(quota|limits?|exceed(s|ed)?)(?![a-z0-9_])", re.IGNORECASE)
 _GONE_STATES = {"destroyed", "destroying"}
 #: Stdin up to this size travels inside the exec's command (base64 here-document); larger stdin is
-#: uploaded first (one more request), as before the lease launcher.
-STDIN_INLINE_BYTES = 4 << 20
+#: uploaded first (one more request), as before the lease launcher. Small enough that the whole
+#: command stays below Linux's 128 KiB limit for one argument, should a daemon pass it as `sh -c`.
+STDIN_INLINE_BYTES = 64 << 10
 
 
 def _env(name: str) -> str | None:
