@@ -95,7 +95,7 @@ class FakeContainer:
     def argv(self, argv: list[str], cwd: str = "/") -> list[str]:
         """Host argv running ``argv`` inside the container, as its root, in ``cwd`` (entered inside:
         nsenter's own --wd would open the host's path)."""
-        enter = ["nsenter", "-t", str(self.init), "-U", "-m", "-p", "-i", "-u", "-r", "-w", "--"]
+        enter = ["nsenter", "-t", str(self.init), "-U", "-m", "-p", "-i", "-u", "-r", "-w", "--preserve-credentials", "--"]
         if cwd in ("", "/"):
             return [*enter, *argv]
         return [*enter, "/bin/sh", "-c", 'cd -- "$1" || exit 1; shift; exec "$@"', "sh", cwd, *argv]
