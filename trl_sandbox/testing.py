@@ -603,3 +603,38 @@ def leftover_attack(style: str = "setsid") -> tuple[list[str], list[str]]:
     """The attacker and victim argv of ``check_leftovers_cannot_reach_the_next_lease`` (the victim
     reads ``VICTIM_SECRET`` on stdin), for positive controls against a bare SDK."""
     return _attacker(style), _victim()
+
+
+_ROB = '''
+import os
+got = []
+for pid in [p for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()]:
+    for what in ('fd/0', 'environ', 'mem'):
+        try:
+            with open('/proc/%s/%s' % (pid, what), 'rb') as fh:
+                fh.read(64)
+            got.append('%s/%s' % (pid, what))
+        except OSError:
+            pass
+raise RuntimeError('robbed:' + ','.join(got) + ':')
+def double(x):
+    return 2 * x
+'''
+
+
+def check_a_candidate_cannot_read_its_judge(make: ProviderFactory) -> str:
+    """Through the public ``Scorer``: a candidate tries to read, through ``/proc``, the stdin (the
+    judge's payload: its nonce and the tests), environment and memory of every other process it
+    can see, its judge included. It must get none (a program holds no capability, so the judge's
+    non-dumpable state holds). Returns the outcome's detail."""
+    from .scoring import Scorer
+
+    row = {"func_name": "double", "tests": ["1", "2"], "reference": "lambda x: 2 * x", "extract": "raw",
+           "timeout": 3.0}
+    p = make()
+    with SandboxPool.open(p, size=1, spec=SandboxSpec(), pool_settings=FAST) as pool:
+        (outcome,) = Scorer(pool, cache_size=0).score([_ROB], [row])
+    assert outcome.status == "error" and "robbed:" in outcome.detail, outcome
+    robbed = outcome.detail.split("robbed:", 1)[1].split(":", 1)[0]
+    assert robbed == "", f"the candidate read {robbed}"
+    return outcome.detail

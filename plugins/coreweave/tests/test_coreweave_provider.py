@@ -347,3 +347,14 @@ def test_positive_control_a_plain_exec_holds_the_sandbox_roots_capabilities(prov
 def test_what_a_program_leaves_cannot_break_or_slow_the_next(provider):
     testing.check_what_a_program_leaves_cannot_break_or_slow_the_next(provider)
 
+
+
+def test_a_candidate_cannot_read_its_judge(provider):
+    testing.check_a_candidate_cannot_read_its_judge(provider)
+
+
+def test_positive_control_without_the_launcher_a_candidate_reads_its_judge(provider):
+    """On the fake, as in a container whose commands run as root: without the launcher the
+    candidate holds CAP_SYS_PTRACE and reads its judge's stdin despite its non-dumpable state."""
+    with pytest.raises(AssertionError, match="the candidate read .*fd/0"):
+        testing.check_a_candidate_cannot_read_its_judge(lambda: provider(clean_leases=False))

@@ -447,3 +447,14 @@ def test_a_judge_sized_stdin_rides_in_the_exec_without_an_upload(fake, provider)
     (small_calls, large_calls) = run(closing(p, go()))
     assert small_calls == (1, 0, hashlib.sha256(small).hexdigest() + "\n")
     assert large_calls == (1, 1, hashlib.sha256(large).hexdigest() + "\n")
+
+
+def test_a_candidate_cannot_read_its_judge(provider):
+    testing.check_a_candidate_cannot_read_its_judge(provider)
+
+
+def test_positive_control_without_the_launcher_a_candidate_reads_its_judge(provider):
+    """On the fake, as in a container whose commands run as root: without the launcher the
+    candidate holds CAP_SYS_PTRACE and reads its judge's stdin despite its non-dumpable state."""
+    with pytest.raises(AssertionError, match="the candidate read .*fd/0"):
+        testing.check_a_candidate_cannot_read_its_judge(lambda: provider(clean_leases=False))
