@@ -150,6 +150,19 @@ def test_work_in_orphaned_processes_counts_against_the_budget(scorer):
     assert outcomes[0].reward == -1.0
 
 
+def test_orphaned_work_counts_against_a_judge_that_runs_as_a_plain_exec():
+    """The same with ``resident_judge=false`` (a judge process per program): the judge counts every
+    process of the sandbox, which holds only it and its candidate's. Control: 0.4 s passes."""
+    from trl_sandbox.pool import SandboxPool
+    from trl_sandbox.scoring import Scorer
+
+    with SandboxPool.open("local", size=1, settings={"resident_judge": False}) as pool:
+        scorer = Scorer(pool, cache_size=0)
+        outcomes = scorer.score([WORKERS.format(n=0.6, detach=True, workers=2),
+                                 WORKERS.format(n=0.4, detach=False, workers=1)], [task(1.0)] * 2)
+    assert [o.status for o in outcomes] == ["timeout", "passed"], outcomes
+
+
 # -- 3. signals by file-descriptor ownership --------------------------------------------------------
 
 OWNER = """

@@ -18,7 +18,8 @@ def _cpu_seconds(pid, leave_out=None):
     handed to a child, even one that moved to a new session after being counted here, is the
     candidate's work too. The judge itself and PID 1 are left out. None once the candidate is gone.
 
-    With ``leave_out`` (a resident judge in the local sandbox: the forker's pid), every process
+    With ``leave_out`` (a judge in the local sandbox: the forker's pid where the judge is resident,
+    none where it runs as a plain exec), every process
     of the sandbox's pid namespace counts but PID 1, the judge and those: the candidate is the
     only program there, so whatever else runs is its own, however it detached (a process that left
     its session and was orphaned to PID 1 is neither a descendant nor in a group looked at above).

@@ -66,6 +66,12 @@ if "_start_candidate" not in globals():
 # as the judge compiled it (``_compiled_ahead``), and returns ``(pid, request fd, reply fd)``, in
 # place of ``_start_candidate``.
 _ATTACH = None
+# Set by the local sandbox's supervisor when this judge runs as a plain exec there: the sandbox's
+# PID namespace then holds nothing but PID 1, this judge and what its candidate started (every exec
+# ends with a sweep), so every process there but PID 1 and the judge counts against the candidate,
+# however it detached. Elsewhere (a remote sandbox may run its service's own processes beside
+# ours) only the candidate's family and groups count.
+_SOLE = False
 
 MARKER = b"@@trl-sandbox-verdict@@"
 VERSION = 1
@@ -198,6 +204,8 @@ def main():
     clock = _Clock(start, limit, float(candidate_spec.get("wall_limit", limit)), candidate_spec.get("clock", "wall"))
     if _ATTACH is None:
         pid, wfd, rfd = _start_candidate(candidate_spec, nonce)
+        if _SOLE:
+            clock.leave_out = ()
     else:
         # A resident judge is told the candidate and its sandbox's other resident processes (the
         # forker): every other process there counts against the candidate's budget.

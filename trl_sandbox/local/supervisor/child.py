@@ -155,6 +155,10 @@ def run_python_child(job):
             raise code
         del job, source
         if callable(code):  # a warm program's main() (forkserver.do_exec)
+            if "_SOLE" in code.__globals__:
+                # The judge, run as a plain exec: nothing but it and its candidate's processes
+                # is in the sandbox (judge_program._SOLE); this child's copy of its globals.
+                code.__globals__["_SOLE"] = True
             code()
         else:
             exec(code, namespace)
