@@ -349,3 +349,66 @@ def test_an_exec_that_ran_out_of_time_is_a_timeout_whatever_it_printed():
     held = dataclasses.replace(result, timed_out=True)
     assert call_outcome(held, nonce, [3]).status == "timeout"
     assert check_outcome(held, nonce, 1).status == "timeout"
+
+
+ROADS = r'''
+import ctypes, fcntl, os, signal, socket, struct
+def f(x):
+    libc = ctypes.CDLL(None, use_errno=True)
+    judge = [int(p) for p in os.listdir("/proc")
+             if p.isdigit() and open("/proc/%s/comm" % p).read().strip() == "trl-judge"][0]
+    out = {}
+    def attempt(fn):
+        try:
+            fn()
+            return "ok"
+        except OSError as exc:
+            return exc.strerror
+    a, b = socket.socketpair()
+    for name, pid in (("judge", judge), ("forker", os.getppid()), ("self", os.getpid())):
+        out[name] = {
+            "F_SETOWN": attempt(lambda: fcntl.fcntl(a.fileno(), fcntl.F_SETOWN, pid)),
+            "F_SETOWN group": attempt(lambda: fcntl.fcntl(a.fileno(), fcntl.F_SETOWN, -pid)),
+            "F_SETOWN_EX": attempt(lambda: fcntl.fcntl(a.fileno(), 15, struct.pack("ii", 1, pid))),
+            "FIOSETOWN": attempt(lambda: fcntl.ioctl(a.fileno(), 0x8901, struct.pack("i", pid))),
+            "SIOCSPGRP": attempt(lambda: fcntl.ioctl(a.fileno(), 0x8902, struct.pack("i", pid))),
+        }
+    # A timer's signal to a thread of another process (SIGEV_THREAD_ID): the kernel refuses it.
+    event = ctypes.create_string_buffer(64)
+    struct.pack_into("iii", event, 8, signal.SIGKILL, 4, 0)
+    struct.pack_into("i", event, 20, judge)
+    timer = ctypes.c_int()
+    nr = {"x86_64": (222, 56, 240), "aarch64": (107, 220, 180)}[os.uname().machine]
+    out["timer"] = "ok" if libc.syscall(nr[0], 1, event, ctypes.byref(timer)) == 0 else os.strerror(ctypes.get_errno())
+    child = libc.syscall(nr[1], 0x8000 | signal.SIGCHLD, 0, 0, 0, 0)  # CLONE_PARENT
+    if child == 0:
+        os._exit(0)
+    out["clone_parent"] = "ok" if child > 0 else os.strerror(ctypes.get_errno())
+    mq = libc.syscall(nr[2], b"/q", os.O_CREAT | os.O_RDWR, 0o600, None)
+    out["mq_open"] = "ok" if mq >= 0 else os.strerror(ctypes.get_errno())
+    out["fcntl, ioctl"] = [attempt(lambda: fcntl.fcntl(a.fileno(), fcntl.F_GETFL)),
+                           attempt(lambda: fcntl.ioctl(a.fileno(), 0x541B, b"\0" * 4))]  # FIONREAD
+    return repr(out)
+'''
+
+
+def test_every_road_to_a_signal_is_closed_or_points_at_the_candidate():
+    """Descriptor ownership in every form, a timer aimed at another process, ``CLONE_PARENT``
+    and message-queue notification: refused toward the judge and the forker. Control: the owner
+    may be the candidate itself, and common ``fcntl``/``ioctl`` commands work."""
+    import ast
+
+    from .test_resident_judge import returned
+
+    with local_host() as host:
+        box = host.create()
+        out = ast.literal_eval(returned(box, ROADS))
+        box.destroy()
+    refused = "Operation not permitted"
+    for name in ("judge", "forker"):
+        assert set(out[name].values()) == {refused}, out
+    assert out["self"] == {"F_SETOWN": "ok", "F_SETOWN group": "ok", "F_SETOWN_EX": refused,
+                           "FIOSETOWN": refused, "SIOCSPGRP": refused}, out
+    assert out["timer"] == "Invalid argument", out
+    assert out["clone_parent"] == refused and out["mq_open"] == refused, out
+    assert out["fcntl, ioctl"] == ["ok", "ok"], out
