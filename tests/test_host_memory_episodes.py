@@ -125,3 +125,35 @@ def test_small_output_is_shown_whole(episode):
     assert episode.bash("printf 'h\\303\\251llo'; printf 'err' >&2") == "[exit code 0]\nhéllo\nerr"
     episode.write_file("small.txt", "x😀y")
     assert episode.read_file("small.txt") == "x😀y"
+
+
+@pytest.mark.parametrize("limit", range(4090, 4102))
+def test_a_surrogate_pair_is_never_split(limit):
+    """Text decoded with ``surrogatepass`` holds a character beyond the BMP as two surrogates: a
+    cut between them would leave two lone halves. Control: the plain cut at that byte count does
+    split some of these limits' pairs."""
+    from trl_sandbox.scoring import _utf8_prefix, clip_text
+
+    text = "\ud83d\ude00" * 50_000
+    clipped = clip_text(text, limit)
+    head, _, rest = clipped.partition("\n... [")
+    cut, _, tail = rest.partition(" bytes cut] ...\n")
+    assert len(head) % 2 == 0 and len(tail) % 2 == 0 and _utf8(clipped) <= limit
+    assert int(cut) == _utf8(text) - _utf8(head) - _utf8(tail)
+    split = [n for n in range(2040, 2052) if len(_utf8_prefix(text, n)) % 2]
+    assert split  # the control: byte-exact prefixes alone end inside a pair
+
+
+@pytest.mark.parametrize("data", [b"\xff" * 100_000, "é".encode() * 100_000, b"a" * 100_000,
+                                  "😀".encode() * 30_000, b"\xed\xa0\x80" * 40_000])
+def test_clip_bytes_cuts_between_sequences_and_counts_the_bytes_left_out(data):
+    from trl_sandbox.scoring import clip_bytes
+
+    shown = clip_bytes(data, LIMIT)
+    head, _, rest = shown.partition("\n... [")
+    cut, _, tail = rest.partition(" bytes cut] ...\n")
+    assert _utf8(shown) <= LIMIT and head and tail
+    # Each side is a whole decoding of a slice of ``data`` that starts or ends a sequence.
+    assert data.decode("utf-8", "replace").startswith(head) and data.decode("utf-8", "replace").endswith(tail)
+    assert clip_bytes(data[:1000], LIMIT) == data[:1000].decode("utf-8", "replace")
+    assert 0 < int(cut) < len(data)
