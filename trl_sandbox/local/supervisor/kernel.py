@@ -14,7 +14,8 @@ then, before any program code runs:
    judge's candidates are refused IPC objects in every mode and make no namespace either.
 2. drops every capability: bounding set, ambient set, then effective/permitted/inheritable.
 3. ``PR_SET_NO_NEW_PRIVS`` and a seccomp filter in the spirit of Docker's default profile:
-   keyrings, ``ptrace``, setting another process's rlimits (``prlimit64`` with a pid), new namespaces (``unshare``, ``setns``, ``clone`` with ``CLONE_NEW*``;
+   keyrings, ``ptrace``, setting another process's rlimits (``prlimit64`` with a pid), new namespaces (``unshare``, ``setns``, ``clone`` with ``CLONE_NEW*``,
+   and ``CLONE_PARENT``, which gives a process a parent it was not forked by;
    ``clone3`` is ENOSYS so that libc falls back to ``clone``), the ``mount`` family, kernel
    modules, ``bpf``, ``perf_event_open``, ``kexec``, ``userfaultfd``, ``process_vm_*`` and the
    like fail with EPERM; in memory mode ``"deny"`` so do SysV ``shmget``/``msgget``/``semget`` and

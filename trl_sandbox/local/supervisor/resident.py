@@ -14,12 +14,15 @@ Who holds what, and why it is as safe as a fresh judge per program:
   exec's stdin, so they hold none of it. The candidate gets its part of the payload from the judge
   over a pipe, after the fork, as before.
 * The candidate cannot reach the judge nor the forker: both are non-dumpable (no /proc/<pid>/mem
-  or fd, no ptrace, which is denied anyway), each in a session of its own (a candidate cannot join
-  their process groups), and the candidate's seccomp filter refuses every signal to their pids, to
-  their groups and to -1 (``kernel.protecting``) and every ``prlimit64`` on another process. Only
-  PID 1 may signal them.
+  or fd, no ptrace, which is denied anyway), each in a session of its own, as is every candidate
+  (``prepare_candidate``: no candidate can join their process groups, nor reach them as "my own
+  group"), and the candidate's seccomp filter refuses every signal to their pids, to their groups
+  and to -1 by every road (``kill`` and its kin, descriptor ownership: ``kernel.owner_blocks``;
+  ``clone(CLONE_PARENT)``, whose child's exit signal would go to the forker, for every program)
+  and every ``prlimit64`` on another process. Only PID 1 may signal them.
 * Nothing of a program outlives its exec: the forker reaps the candidate and, if anything else is
-  left in the sandbox (a daemon the candidate started), PID 1 kills every process but itself (the
+  left in the sandbox than the judge, the forker and the one waiting candidate the forker reported
+  by pid (ancestry is no mark), PID 1 kills every process but itself (the
   judge and the forker included, which then start afresh for the next judged program). An exec
   that runs out of time, any other exec (its sweep kills everything) and any failure of the judge
   or the forker end both. A lease's reset does not: the judge holds nothing of the scratch places (its working directory is
