@@ -110,11 +110,30 @@ def seal_filesystem(work):
                 _mount(path, path, None, MS_BIND | MS_REC)
             except OSError:
                 return False
-    try:
-        _mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY)
-        return True
-    except OSError:
-        return False
+    # Every other mount read-only too, /dev above all: a program that could replace /dev/null
+    # (root owns /dev) would feed the next program's stdin. Each keeps its other flags (a user
+    # namespace may not clear nosuid, nodev or noexec).
+    writable = WRITABLE + (work, "/proc")
+    sealed = True
+    with open("/proc/self/mountinfo") as fh:
+        mounts = [line.split() for line in fh]
+    for fields in mounts:
+        point = fields[4].replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n")
+        if any(point == w or point.startswith(w + "/") for w in writable):
+            continue
+        options = fields[5].split(",")
+        if "ro" in options:
+            continue
+        flags = MS_REMOUNT | MS_BIND | MS_RDONLY
+        for name, bit in (("nosuid", MS_NOSUID), ("nodev", MS_NODEV), ("noexec", MS_NOEXEC),
+                          ("noatime", 1024), ("nodiratime", 2048), ("relatime", 1 << 21)):
+            if name in options:
+                flags |= bit
+        try:
+            _mount(None, point, None, flags)
+        except OSError:
+            sealed = False
+    return sealed
 
 
 def shed_capabilities():
@@ -232,8 +251,8 @@ def dumps(value):
 
 def wipe(spec):
     keep = set(spec.get("keep") or ())
-    kept_dirs = set()
-    for path in keep:
+    kept_dirs = {spec["work"]}  # emptied, not removed and made again
+    for path in keep | {spec["work"]}:
         while path not in ("/", ""):
             path = os.path.dirname(path)
             kept_dirs.add(path)
@@ -252,15 +271,28 @@ def wipe(spec):
                 continue
             doomed.append(path)
 
+    # Never through a symbolic link a program left in place of a directory (its target, anywhere
+    # in the image, would be emptied by root): the link itself goes.
     doomed = []
-    for directory in WRITABLE:
-        empty(directory, doomed)
     work = spec["work"]
-    if os.path.isdir(work):
-        empty(work, doomed)
-    if doomed and rm_rf(doomed):
+    inside = any(work.startswith(d + "/") for d in WRITABLE)
+    for directory in WRITABLE + (() if inside else (work,)):
+        if os.path.islink(directory):
+            doomed.append(directory)
+        elif os.path.isdir(directory):
+            empty(directory, doomed)
+    stubborn = []
+    for path in doomed:  # files and empty directories without spawning anything
+        try:
+            if os.path.isdir(path) and not os.path.islink(path):
+                os.rmdir(path)
+            else:
+                os.unlink(path)
+        except OSError:
+            stubborn.append(path)
+    if not stubborn or rm_rf(stubborn):
         return
-    for path in doomed:
+    for path in stubborn:
         remove(path)
 
 
@@ -477,6 +509,9 @@ def main():
         probe()
         return
     mode = spec.get("mode", "ns")
+    null = os.stat(os.devnull)
+    if not (null.st_mode & 0o170000 == 0o020000 and os.major(null.st_rdev) == 1 and os.minor(null.st_rdev) == 3):
+        fail(spec, "/dev/null is not the null device any more")  # whatever a program put there
     stdin_data = None
     if spec.get("stdin") == "b64":
         stdin_data = binascii.a2b_base64(sys.stdin.buffer.read())

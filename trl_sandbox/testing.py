@@ -638,3 +638,26 @@ def check_a_candidate_cannot_read_its_judge(make: ProviderFactory) -> str:
     robbed = outcome.detail.split("robbed:", 1)[1].split(":", 1)[0]
     assert robbed == "", f"the candidate read {robbed}"
     return outcome.detail
+
+
+def check_devices_stay_as_the_image_made_them(make: ProviderFactory) -> ExecResult:
+    """Found by reading the launcher after the fix: ``/dev`` is a mount of its own, root owns it,
+    and a program that replaced ``/dev/null`` with a file would feed the next program's stdin
+    (commands without stdin read ``/dev/null``). A program may create nothing in ``/dev`` and
+    replace nothing there; the next program reads an empty ``/dev/null``."""
+    p = make()
+    tamper = ("import os\nfor act in (lambda: os.mkdir('/dev/trl-left'), lambda: os.rename('/dev/null', '/dev/n0')):\n"
+              "    try:\n        act(); print('done')\n    except OSError as e:\n        print(e.errno)\n")
+
+    async def go() -> tuple[ExecResult, ExecResult]:
+        sandbox = await p.create(SandboxSpec())
+        first = await sandbox.exec(["python3", "-c", tamper], timeout=10)
+        await sandbox.reset()
+        second = await sandbox.exec(["sh", "-c", "ls -d /dev/trl-left 2>/dev/null; head -c 9 /dev/null; echo end"],
+                                    timeout=10)
+        return first, second
+
+    first, second = run(closing(p, go()))
+    assert first.stdout.split() == ["30", "30"], first  # EROFS, both
+    assert second.stdout == "end\n", second
+    return first

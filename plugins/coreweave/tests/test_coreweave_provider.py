@@ -358,3 +358,12 @@ def test_positive_control_without_the_launcher_a_candidate_reads_its_judge(provi
     candidate holds CAP_SYS_PTRACE and reads its judge's stdin despite its non-dumpable state."""
     with pytest.raises(AssertionError, match="the candidate read .*fd/0"):
         testing.check_a_candidate_cannot_read_its_judge(lambda: provider(clean_leases=False))
+
+
+def test_devices_stay_as_the_image_made_them(provider):
+    testing.check_devices_stay_as_the_image_made_them(provider)
+
+
+def test_positive_control_without_the_launcher_a_program_writes_in_dev(provider):
+    with pytest.raises(AssertionError, match="done"):
+        testing.check_devices_stay_as_the_image_made_them(lambda: provider(clean_leases=False))
