@@ -69,6 +69,10 @@ class Fault:
 
 
 class _Server(ThreadingHTTPServer):
+    # A real service accepts a burst of connections; the standard library's backlog of 5 would
+    # drop SYNs of a 64-request burst, and the client's TCP retries (1 s, 3 s) would time the fake.
+    request_queue_size = 256
+
     def handle_error(self, request, client_address) -> None:
         """Quiet about connections a client (or the chaos) dropped; loud about anything else."""
         if not isinstance(sys.exc_info()[1], (ConnectionError, OSError)):
