@@ -17,6 +17,7 @@ import tracemalloc
 import pytest
 
 from trl_sandbox import load_tasks
+from trl_sandbox.clip import clip_text
 from trl_sandbox.pool import SandboxPool
 from trl_sandbox.sandbox import ExecResult
 from trl_sandbox.scoring import (
@@ -24,7 +25,6 @@ from trl_sandbox.scoring import (
     DETAIL_BYTES,
     ResultCache,
     Scorer,
-    clip_text,
 )
 from trl_sandbox.tasks import Outcome
 

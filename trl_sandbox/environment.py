@@ -29,9 +29,10 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+from .clip import clip_bytes, clip_text, utf8_size
 from .pool import SandboxPool
 from .sandbox import ConfigError, ExecResult, InfraError, Sandbox, SandboxOutageError
-from .scoring import Scorer, _utf8_size, clip_bytes, clip_text
+from .scoring import Scorer
 from .tasks import Outcome
 
 log = logging.getLogger("trl_sandbox")
@@ -58,7 +59,7 @@ def _count_holder(pool: SandboxPool, delta: int) -> int:
 def _render(result: ExecResult, limit: int) -> str:
     """A command's result as the model's observation: its status, then stdout and stderr, at most
     ``limit`` bytes of UTF-8 of output in all, each stream cut in its middle with a marker
-    ``... [N bytes cut] ...`` (see ``scoring.clip_text``).
+    ``... [N bytes cut] ...`` (see ``clip.clip_text``).
 
     The observation stays in the conversation for the rest of the episode, and a command may write
     16 MiB to each stream: each stream is clipped on its own first, so that the host never builds
@@ -71,9 +72,9 @@ def _render(result: ExecResult, limit: int) -> str:
         out_short = clip_text(out, half)
         err_short = clip_text(err, half)
         if out_short is out:
-            err = clip_text(err, max(0, limit - 1 - _utf8_size(out)))
+            err = clip_text(err, max(0, limit - 1 - utf8_size(out)))
         elif err_short is err:
-            out = clip_text(out, max(0, limit - 1 - _utf8_size(err)))
+            out = clip_text(out, max(0, limit - 1 - utf8_size(err)))
         else:
             out, err = out_short, clip_text(err, max(0, limit - 1 - half))
         text = out + "\n" + err
