@@ -52,6 +52,21 @@ def available() -> bool:
     return shutil.which("bwrap") is not None and shutil.which("nsenter") is not None
 
 
+_PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
+
+
+def _visible_python() -> str:
+    """An interpreter the container can see. Its /tmp, /var/tmp and /dev/shm are its own, so a
+    virtual environment under the host's /tmp (a fresh clone in ``mktemp -d``) is not there: fall
+    back to the interpreter it links to, then the system's."""
+    def hidden(path: str) -> bool:
+        return any(path == d or path.startswith(d + "/") for d in _PRIVATE_DIRS)
+    for path in (sys.executable, os.path.realpath(sys.executable), "/usr/local/bin/python3", "/usr/bin/python3"):
+        if path and os.path.exists(path) and not hidden(os.path.abspath(path)) and not hidden(os.path.realpath(path)):
+            return path
+    raise RuntimeError("the fake sandbox needs a python3 outside /tmp, /var/tmp and /dev/shm")
+
+
 class FakeContainer:
     def __init__(self) -> None:
         self._bwrap = _SPAWNER.submit(
@@ -64,7 +79,8 @@ class FakeContainer:
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
         ).result()
         self.init = self._find_init()
-        bindir = os.path.dirname(sys.executable)
+        self.python = _visible_python()
+        bindir = os.path.dirname(self.python)
         self.env = {"PATH": os.pathsep.join([bindir, "/usr/local/bin", "/usr/bin", "/bin", "/usr/sbin", "/sbin"]),
                     "HOME": "/tmp", "LANG": "C.UTF-8"}
 
@@ -101,7 +117,7 @@ class FakeContainer:
         return [*enter, "/bin/sh", "-c", 'cd -- "$1" || exit 1; shift; exec "$@"', "sh", cwd, *argv]
 
     def _file_op(self, op: str, path: str, data: bytes = b"") -> bytes:
-        done = subprocess.run(self.argv([sys.executable, "-I", "-S", "-c", _FILE_OP, op, path]), input=data,
+        done = subprocess.run(self.argv([self.python, "-I", "-S", "-c", _FILE_OP, op, path]), input=data,
                               capture_output=True, env=self.env, timeout=60)
         if done.returncode == 2:
             errno, _, message = done.stderr.decode(errors="replace").partition(" ")
