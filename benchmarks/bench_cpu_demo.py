@@ -28,7 +28,7 @@ from machine import machine
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from trl_sandbox.plotting import pass_rate_of, read_metrics, reward_gain, reward_of  # noqa: E402
+from trl_sandbox.commands.plotting import pass_rate_of, read_metrics, reward_gain, reward_of  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "cpu_demo.json"
 GOAL_GAIN = 0.3
@@ -44,7 +44,7 @@ def window_mean(values: list[float], window: int, last: bool) -> float | None:
 
 
 def run_seed(seed: int, out_dir: Path, max_steps: int | None, window: int) -> dict:
-    cmd = [sys.executable, "-m", "trl_sandbox.cli", "train", "--preset", "cpu-demo",
+    cmd = [sys.executable, "-m", "trl_sandbox.commands.cli", "train", "--preset", "cpu-demo",
            "--output_dir", str(out_dir), "--seed_preset", str(seed), "--seed", str(seed)]
     if max_steps is not None:
         cmd += ["--max_steps", str(max_steps)]
@@ -91,7 +91,7 @@ def main() -> int:
     parser.add_argument("--output", type=Path, default=RESULTS, help="where to write the JSON results")
     args = parser.parse_args()
 
-    from trl_sandbox.presets.cpu_demo import CONFIG_OVERRIDES, MODEL_CONFIG, WARM_START
+    from trl_sandbox.training.presets.cpu_demo import CONFIG_OVERRIDES, MODEL_CONFIG, WARM_START
 
     info = machine(("torch", "transformers", "trl"))
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]

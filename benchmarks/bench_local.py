@@ -176,7 +176,7 @@ def run_judged(problems, repeat: int, sandboxes: int, cgroups: str = "auto", res
     """``cgroups="off"`` also switches the CPU-time budgets off (sandbox and judge on the wall clock):
     the baseline without any of the accounting. ``resident=False``: a judge process per program
     (the sandbox's judge does not stay resident), for comparison."""
-    from trl_sandbox import judge
+    from trl_sandbox.judge import verdict as judge
 
     budget = "wall" if cgroups == "off" else "cpu"
     saved, judge.JUDGE_CLOCK = judge.JUDGE_CLOCK, budget
@@ -204,8 +204,8 @@ def _run_judged(problems, repeat: int, sandboxes: int, cgroups: str, budget: str
     """
     from trl_sandbox_humaneval import HumanEvalTasks
 
-    from trl_sandbox.pool import SandboxPool, percentile
-    from trl_sandbox.scoring import Scorer
+    from trl_sandbox.pool.sandbox_pool import SandboxPool, percentile
+    from trl_sandbox.scoring.scorer import Scorer
 
     tasks = HumanEvalTasks()
     rows = [dict(r, sandbox_task="humaneval") for r in tasks.rows()]

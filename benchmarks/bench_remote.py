@@ -9,7 +9,7 @@ injected latency (create 1 s, exec 50 ms), a batch of ``completions`` programs r
 
 * ``trl-sandbox pool``: ``SandboxPool`` of ``pool`` sandboxes, started before the batch (in
   training it starts with ``on_train_begin``, behind model loading: its warm-up is reported
-  apart); every lease is clean (``trl_sandbox.remote_lease``: each program in a PID namespace of
+  apart); every lease is clean (``trl_sandbox.remote.lease``: each program in a PID namespace of
   its own, the reset carried by the next exec, no request of its own).
 * ``trl-sandbox pool (reset by its own exec)``: the same with ``clean_leases=False``, the provider
   before the lease launcher (the reset is one more exec round trip; leftovers survive).
@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT / "plugins" / "daytona" / "tests"))
 from daytona_fake import API_KEY, FakeDaytona  # noqa: E402
 
 from trl_sandbox.plugins import make_provider  # noqa: E402
-from trl_sandbox.pool import PoolSettings, SandboxPool  # noqa: E402
+from trl_sandbox.pool.sandbox_pool import PoolSettings, SandboxPool  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "remote.json"
 LATENCY = {"create": 1.0, "exec": 0.05}

@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from trl_sandbox.judge import JUDGE_SOURCE, NONCE_BYTES  # noqa: E402
+from trl_sandbox.judge.verdict import JUDGE_SOURCE, NONCE_BYTES  # noqa: E402
 from trl_sandbox.local import LocalProvider  # noqa: E402
 from trl_sandbox.sandbox import SandboxSpec  # noqa: E402
 

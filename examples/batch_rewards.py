@@ -4,7 +4,7 @@
     python examples/batch_rewards.py --input completions.jsonl --pool-size 8 --provider local
 
 Each input line is a JSON object with ``completion`` and the task columns of a dataset row
-(``trl_sandbox/generic_task.py``: e.g. ``test_list`` for MBPP-style asserts, or
+(``trl_sandbox/tasks/generic.py``: e.g. ``test_list`` for MBPP-style asserts, or
 ``sandbox_task: "humaneval"`` and ``task_id``), plus an optional ``id``. The same ``Scorer``
 that computes training rewards runs them: identical programs run once, every program runs in a
 pooled sandbox, and each completion gets an outcome (passed, failed, error, timeout, banned,
@@ -26,7 +26,7 @@ from typing import Any
 from tqdm import tqdm
 
 from trl_sandbox import ConfigError, SandboxPool
-from trl_sandbox.scoring import Scorer
+from trl_sandbox.scoring.scorer import Scorer
 
 ADD_TESTS = ["assert add(1, 2) == 3", "assert add(-4, 4) == 0", "assert add(10, 5) == 15"]
 

@@ -22,7 +22,7 @@ from trl import TrlParser
 from trl_sandbox import ConfigError, SandboxGRPOConfig, SandboxGRPOTrainer, load_tasks
 
 # TRL 1.16 asks transformers 5 for gradient checkpointing by its old name at every step (a FutureWarning
-# each time); nothing for a user to change (trl_sandbox/train.py does the same).
+# each time); nothing for a user to change (trl_sandbox/commands/train.py does the same).
 warnings.filterwarnings("ignore", message=r".*gradient_checkpointing.*is deprecated", category=FutureWarning)
 
 

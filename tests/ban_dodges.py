@@ -8,7 +8,7 @@ through those modules' insides.
 
 from __future__ import annotations
 
-from trl_sandbox.bans import DEFAULT_ALLOWED_IMPORTS, BanPolicy
+from trl_sandbox.judge.bans import DEFAULT_ALLOWED_IMPORTS, BanPolicy
 
 # The dodge an adversarial review found: a positional class pattern reads ``C.__match_args__``,
 # built here from a string, so ``s`` is bound to ``list.sort`` of the subject.

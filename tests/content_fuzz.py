@@ -110,9 +110,9 @@ def main() -> None:  # a longer soak by hand: the same check as the test, any co
     import argparse
     import collections
 
-    from trl_sandbox.builtin_tasks import BuiltinTasks
-    from trl_sandbox.pool import SandboxPool
-    from trl_sandbox.scoring import Scorer
+    from trl_sandbox.pool.sandbox_pool import SandboxPool
+    from trl_sandbox.scoring.scorer import Scorer
+    from trl_sandbox.tasks.builtin import BuiltinTasks
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=2000)

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 from trl_sandbox.local import LocalProvider, LocalSandbox
-from trl_sandbox.loop import LoopThread
+from trl_sandbox.pool.loop import LoopThread
 from trl_sandbox.sandbox import ExecResult, ResourceLimits, SandboxSpec
 
 

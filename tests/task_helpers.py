@@ -15,8 +15,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from trl_sandbox.sandbox import ExecResult
-from trl_sandbox.tasks import Outcome, Program
+from trl_sandbox.sandbox import ExecResult, Outcome, Program
 
 # A right solution of the built-in max_subarray task (Kadane's algorithm).
 KADANE = (
@@ -82,7 +81,7 @@ class SubprocessRunner:
 def judge_pool(size: int = 2) -> Iterator[Any]:
     """A pool to run judged programs on: the local provider when installed, else subprocesses."""
     if local_provider_available():
-        from trl_sandbox.pool import SandboxPool
+        from trl_sandbox.pool.sandbox_pool import SandboxPool
 
         with SandboxPool.open("local", size=size) as pool:
             yield pool
@@ -107,7 +106,7 @@ def run_judged(pool: Any, programs: Sequence[Program]) -> list[tuple[ExecResult,
 
 def score(pool: Any, task: Any, completions: Sequence[Any], rows: Sequence[Mapping[str, Any]] | Mapping[str, Any]) -> list[Outcome]:
     """Score completions against rows (one row for all, or one per completion) with ``task``."""
-    from trl_sandbox.judge import score_cases
+    from trl_sandbox.judge.verdict import score_cases
 
     if isinstance(rows, Mapping):
         rows = [rows] * len(completions)

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from trl_sandbox.bans import BanPolicy, strip_comments
-from trl_sandbox.builtin_tasks import TASKS
+from trl_sandbox.judge.bans import BanPolicy, strip_comments
+from trl_sandbox.tasks.builtin import TASKS
 
 from .ban_dodges import (
     FORWARD_REF_IMPORTS_HEAPQ,

@@ -8,10 +8,10 @@ import random
 import pytest
 
 from trl_sandbox import load_tasks
-from trl_sandbox.builtin_tasks import SOLUTIONS, TASKS, BuiltinTasks
-from trl_sandbox.pool import SandboxPool
-from trl_sandbox.scoring import Scorer
-from trl_sandbox.task_call import _kadane, compute_inputs
+from trl_sandbox.pool.sandbox_pool import SandboxPool
+from trl_sandbox.scoring.scorer import Scorer
+from trl_sandbox.tasks.builtin import SOLUTIONS, TASKS, BuiltinTasks
+from trl_sandbox.tasks.call import _kadane, compute_inputs
 
 from .task_helpers import judge_pool, score
 

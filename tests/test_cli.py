@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-CLI = [sys.executable, "-m", "trl_sandbox.cli"]
+CLI = [sys.executable, "-m", "trl_sandbox.commands.cli"]
 
 
 def run(*args: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
@@ -64,7 +64,7 @@ def test_exec_does_not_import_torch(tmp_path: Path):
     batch.write_text(json.dumps({"id": 1, "code": "print(1)"}) + "\n")
     probe = (
         f"import sys; sys.argv = ['trl-sandbox', 'exec', '--provider', 'flaky', '--input', {str(batch)!r}];"
-        "import trl_sandbox.cli as c; rc = c.main(sys.argv[1:]);"
+        "import trl_sandbox.commands.cli as c; rc = c.main(sys.argv[1:]);"
         "heavy = [m for m in ('torch', 'trl', 'transformers', 'datasets') if m in sys.modules];"
         "print('HEAVY', heavy, file=sys.stderr); sys.exit(rc)"
     )
@@ -89,9 +89,9 @@ def test_ls_and_reap_by_tag_and_dead_owner(capsys):
     import socket
 
     from trl_sandbox import SandboxSpec
-    from trl_sandbox.cli import main
+    from trl_sandbox.commands.cli import main
     from trl_sandbox.plugins import make_provider
-    from trl_sandbox.tags import HOST_TAG, PID_TAG, clean
+    from trl_sandbox.pool.tags import HOST_TAG, PID_TAG, clean
 
     provider = make_provider("flaky", {"shared": True})
     provider.live.clear()

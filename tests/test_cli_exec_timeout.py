@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-CLI = [sys.executable, "-m", "trl_sandbox.cli"]
+CLI = [sys.executable, "-m", "trl_sandbox.commands.cli"]
 
 
 def _exec(tmp_path: Path, programs: dict[str, str], *flags: str) -> tuple[dict[str, dict], float, str]:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from trl_sandbox.builtin_tasks import SOLUTIONS
+from trl_sandbox.tasks.builtin import SOLUTIONS
 
-CLI = [sys.executable, "-m", "trl_sandbox.cli"]
+CLI = [sys.executable, "-m", "trl_sandbox.commands.cli"]
 
 
 def run(*args: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:

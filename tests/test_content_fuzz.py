@@ -19,12 +19,11 @@ from collections import Counter
 import pytest
 
 from tests.content_fuzz import completions
-from trl_sandbox.builtin_tasks import BuiltinTasks
-from trl_sandbox.content_guard import build_guarded, score_guarded
-from trl_sandbox.pool import SandboxPool
-from trl_sandbox.sandbox import ExecResult
-from trl_sandbox.scoring import Scorer
-from trl_sandbox.tasks import Outcome, Program
+from trl_sandbox.judge.content_guard import build_guarded, score_guarded
+from trl_sandbox.pool.sandbox_pool import SandboxPool
+from trl_sandbox.sandbox import ExecResult, Outcome, Program
+from trl_sandbox.scoring.scorer import Scorer
+from trl_sandbox.tasks.builtin import BuiltinTasks
 
 COUNT = int(os.environ.get("TRL_SANDBOX_FUZZ_COUNT", "3000"))
 ROWS = [{**row, "sandbox_task": "builtin"} for row in BuiltinTasks().rows()]

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from trl_sandbox.plotting import pass_rate_of, plot_rewards, read_metrics, reward_gain, reward_of
-from trl_sandbox.presets import PRESETS, cpu_demo, get_preset
+from trl_sandbox.commands.plotting import pass_rate_of, plot_rewards, read_metrics, reward_gain, reward_of
 from trl_sandbox.sandbox import ConfigError
+from trl_sandbox.training.presets import PRESETS, cpu_demo, get_preset
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -121,7 +121,7 @@ def test_preset_registry():
 @pytest.mark.slow
 def test_train_cli_short_run_writes_metrics_plot_and_summary(tmp_path, monkeypatch):
     """``trl-sandbox train --preset cpu-demo`` for 4 steps (warm start cut to 40 steps)."""
-    from trl_sandbox import train
+    from trl_sandbox.commands import train
 
     quick = dataclasses.replace(
         PRESETS["cpu-demo"],

@@ -7,9 +7,9 @@ import inspect
 import pytest
 
 from trl_sandbox import QuotaError, SandboxEnvironment
-from trl_sandbox.environment import JUDGE_HEADROOM
-from trl_sandbox.pool import PoolSettings, SandboxPool
-from trl_sandbox.scoring import Scorer
+from trl_sandbox.pool.sandbox_pool import PoolSettings, SandboxPool
+from trl_sandbox.scoring.scorer import Scorer
+from trl_sandbox.training.environment import JUDGE_HEADROOM
 
 ROW = {"prompt": "p", "sandbox_task": "echo", "task_id": "four", "expected": "4", "solution_path": "answer.txt"}
 

@@ -13,8 +13,8 @@ import random
 import pytest
 
 from trl_sandbox import ConfigError, SandboxEnvironment
-from trl_sandbox.pool import SandboxPool
-from trl_sandbox.scoring import Scorer
+from trl_sandbox.pool.sandbox_pool import SandboxPool
+from trl_sandbox.scoring.scorer import Scorer
 
 ROW = {
     "prompt": "",

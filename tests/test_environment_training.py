@@ -18,7 +18,7 @@ from datasets import Dataset
 
 from tests import tiny
 from trl_sandbox import SandboxEnvironment, SandboxGRPOConfig, SandboxGRPOTrainer
-from trl_sandbox.environment import JUDGE_HEADROOM
+from trl_sandbox.training.environment import JUDGE_HEADROOM
 
 PROMPT = [{"role": "user", "content": "Put an expression equal to 4 in answer.txt."}]
 CALL = {"name": "write_file", "arguments": {"path": "answer.txt", "content": "2+2"}}
@@ -42,7 +42,7 @@ def _rendered(tokenizer) -> tuple[str, str]:
 
 def _overfit(model, tokenizer, steps: int = 400) -> None:
     """Teach the model the two assistant turns (loss on those tokens only), with the CPU demo's warm start."""
-    from trl_sandbox.presets.cpu_demo import WarmStartSettings, supervised_pass
+    from trl_sandbox.training.presets.cpu_demo import WarmStartSettings, supervised_pass
 
     prompt, after = _rendered(tokenizer)
     examples = [

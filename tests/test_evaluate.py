@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from trl_sandbox.builtin_tasks import SOLUTIONS
-from trl_sandbox.cli import main
-from trl_sandbox.evaluate import estimate_pass_at_k, pass_at_k
+from trl_sandbox.commands.cli import main
+from trl_sandbox.commands.evaluate import estimate_pass_at_k, pass_at_k
+from trl_sandbox.tasks.builtin import SOLUTIONS
 
 
 def write_jsonl(path, items):

@@ -25,7 +25,7 @@ def _example() -> dict:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from trl_sandbox.presets import cpu_demo
+    from trl_sandbox.training.presets import cpu_demo
 
     demo = cpu_demo.build_cpu_demo(seed=0, warm_start_settings={"steps": 200}, progress=False)
     path = tmp_path_factory.mktemp("tiny-model")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trl_sandbox.extract import (
+from trl_sandbox.tasks.extract import (
     answer_code,
     assemble,
     completion_text,

@@ -5,16 +5,16 @@ from __future__ import annotations
 import pytest
 
 from trl_sandbox import ConfigError, load_tasks
-from trl_sandbox.generic_task import (
+from trl_sandbox.pool.sandbox_pool import SandboxPool
+from trl_sandbox.scoring.scorer import Scorer
+from trl_sandbox.tasks.generic import (
     DictTasks,
     GenericTask,
     compute_inputs,
     resolve_reference,
     tasks_from_dict,
 )
-from trl_sandbox.pool import SandboxPool
-from trl_sandbox.resolve import resolve_task
-from trl_sandbox.scoring import Scorer
+from trl_sandbox.tasks.resolve import resolve_task
 
 from .task_helpers import judge_pool, score
 
@@ -184,7 +184,7 @@ def test_the_host_decodes_only_plain_data_and_exact_value_types():
     import fractions
     import pickle
 
-    from trl_sandbox.judge import NotPlainData, plain_loads
+    from trl_sandbox.judge.verdict import NotPlainData, plain_loads
 
     plain = [1, 2.5, 1j, "s", b"b", (None, True), {"k": {1, 2}}, frozenset({3}),
              fractions.Fraction(1, 3), decimal.Decimal("1.10")]

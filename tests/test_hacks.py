@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import pytest
 
-from trl_sandbox.bans import BanPolicy
-from trl_sandbox.builtin_tasks import TASKS
-from trl_sandbox.generic_task import tasks_from_dict
-from trl_sandbox.judge import build_program, call_outcome
-from trl_sandbox.pool import SandboxPool
-from trl_sandbox.scoring import Scorer
+from trl_sandbox.judge.bans import BanPolicy
+from trl_sandbox.judge.verdict import build_program, call_outcome
+from trl_sandbox.pool.sandbox_pool import SandboxPool
+from trl_sandbox.scoring.scorer import Scorer
+from trl_sandbox.tasks.builtin import TASKS
+from trl_sandbox.tasks.generic import tasks_from_dict
 
 from .ban_dodges import (
     FORWARD_REF_IMPORTS_HEAPQ,
@@ -203,7 +203,7 @@ def test_forged_verdict_with_the_real_nonce_does_not_pay(pool, call_row):
 def test_a_second_line_with_the_nonce_voids_the_verdict():
     """Where a provider merges stdout and stderr, a candidate that learned the nonce could print a
     verdict into the same stream: a second nonce-bearing line makes the whole result untrusted."""
-    from trl_sandbox.judge import parse_verdict
+    from trl_sandbox.judge.verdict import parse_verdict
     from trl_sandbox.sandbox import ExecResult
 
     nonce = bytes(range(16))
@@ -236,7 +236,7 @@ def test_ban_dodge_is_banned_before_running(pool, name):
 def test_runtime_layer_stops_dodges_even_without_the_ast_check(pool):
     """Run banned code anyway (as if the AST layer had missed it): the run-time bans still hold."""
     policy = BanPolicy.from_patterns(TASKS["sorting"]["banned_patterns"])
-    from trl_sandbox.builtin_tasks import BuiltinTasks
+    from trl_sandbox.tasks.builtin import BuiltinTasks
 
     spec = BuiltinTasks().spec("sorting")
     dodges = [
@@ -270,7 +270,7 @@ def test_the_judge_process_is_out_of_reach(pool):
         "def max_subarray_sum(xs):\n    return 0\n"
     )
     spec_row = tasks_from_dict({"m": TASKS["max_subarray"]}, extract="raw")[0]
-    from trl_sandbox.generic_task import GenericTask
+    from trl_sandbox.tasks.generic import GenericTask
 
     program = GenericTask().build(probe, spec_row)
     (result, nonce), = run_judged(pool, [program])
@@ -285,7 +285,7 @@ def test_the_judge_process_is_out_of_reach(pool):
 
 def _run_without_the_ast_check(pool, sources, policy, task_id="sorting"):
     """Judge each source under ``policy``'s run-time layer only (as if the AST rules had missed it)."""
-    from trl_sandbox.builtin_tasks import BuiltinTasks
+    from trl_sandbox.tasks.builtin import BuiltinTasks
 
     spec = BuiltinTasks().spec(task_id)
     programs = [build_program(source, spec.judge_part, limit_s=1.0, policy=policy) for source in sources]
@@ -330,7 +330,7 @@ def test_runtime_layer_holds_inside_library_code(pool):
         "    c = collections.Counter({i: -x for i, x in enumerate(xs)})\n"
         "    return [xs[i] for i, _ in c.most_common(len(xs))]\n",
     ]
-    from trl_sandbox.bans import DEFAULT_ALLOWED_IMPORTS
+    from trl_sandbox.judge.bans import DEFAULT_ALLOWED_IMPORTS
 
     allow_string = BanPolicy.from_patterns(["x("], allowed_imports=DEFAULT_ALLOWED_IMPORTS | {"string"})
     unbanned = _run_without_the_ast_check(pool, sources, allow_string)  # imports as allowed, no sort ban
@@ -376,7 +376,7 @@ def test_judge_machinery_survives_deleted_methods(pool):
 def test_honest_solutions_pass_under_their_bans(pool):
     """Both layers on (AST rules, then the run-time layer in the sandbox): the built-in tasks' own
     solutions and honest sorting bodies in several styles all pass."""
-    from trl_sandbox.builtin_tasks import SOLUTIONS
+    from trl_sandbox.tasks.builtin import SOLUTIONS
 
     rows = [{"prompt": TASKS[t]["prompt"], "task_id": t, "sandbox_task": "builtin"} for t in sorted(TASKS)]
     rows += [SORTING_ROW] * len(HONEST_SORTING_BODIES)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from trl_sandbox import ConfigError
-from trl_sandbox.host_limit import HostLimiter
-from trl_sandbox.pool import PoolSettings
+from trl_sandbox.pool.host_limit import HostLimiter
+from trl_sandbox.pool.sandbox_pool import PoolSettings
 
 RATE = 20.0  # creates per second, host-wide
 CONCURRENT = 2
@@ -20,7 +20,7 @@ CONCURRENT = 2
 # rate limit reserved, when it actually started, and when it ended (holding its concurrency slot).
 RANK = r"""
 import asyncio, json, sys, time
-from trl_sandbox.host_limit import HostLimiter
+from trl_sandbox.pool.host_limit import HostLimiter
 
 directory, n, rate, concurrent, out = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 limiter = HostLimiter("daytona", rate_per_s=rate, concurrent=concurrent, directory=directory)
@@ -112,11 +112,11 @@ def test_bad_limits_are_config_errors(tmp_path):
 
 
 def test_a_pool_creates_through_the_host_limiter(flaky_provider, tmp_path, monkeypatch):
-    import trl_sandbox.host_limit as host_limit
+    import trl_sandbox.pool.host_limit as host_limit
 
     monkeypatch.setattr(host_limit, "default_dir", lambda: str(tmp_path))
     settings = PoolSettings(host_create_rate=50.0, host_create_concurrency=1)
-    from trl_sandbox.pool import SandboxPool
+    from trl_sandbox.pool.sandbox_pool import SandboxPool
 
     with SandboxPool.open(flaky_provider(), size=3, pool_settings=settings) as pool:
         assert pool.run(["python3", "-c", "print(1)"], timeout=5).stdout == "1\n"

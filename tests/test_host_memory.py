@@ -17,16 +17,15 @@ import tracemalloc
 import pytest
 
 from trl_sandbox import load_tasks
-from trl_sandbox.clip import clip_text
-from trl_sandbox.pool import SandboxPool
-from trl_sandbox.sandbox import ExecResult
-from trl_sandbox.scoring import (
+from trl_sandbox.pool.sandbox_pool import SandboxPool
+from trl_sandbox.sandbox import ExecResult, Outcome
+from trl_sandbox.scoring.clip import clip_text
+from trl_sandbox.scoring.scorer import (
     CACHE_RESULT_BYTES,
     DETAIL_BYTES,
     ResultCache,
     Scorer,
 )
-from trl_sandbox.tasks import Outcome
 
 MIB = 1 << 20
 

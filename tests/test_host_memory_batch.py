@@ -17,9 +17,9 @@ import json
 import tracemalloc
 from pathlib import Path
 
-from trl_sandbox.batch import run_batch
-from trl_sandbox.evaluate import add_arguments, run
-from trl_sandbox.pool import SandboxPool
+from trl_sandbox.commands.batch import run_batch
+from trl_sandbox.commands.evaluate import add_arguments, run
+from trl_sandbox.pool.sandbox_pool import SandboxPool
 
 MIB = 1 << 20
 COUNT = 24

@@ -17,10 +17,10 @@ import tracemalloc
 import pytest
 
 from trl_sandbox import load_tasks
-from trl_sandbox.environment import SandboxEnvironment, _render
-from trl_sandbox.pool import SandboxPool
+from trl_sandbox.pool.sandbox_pool import SandboxPool
 from trl_sandbox.sandbox import ExecResult
-from trl_sandbox.scoring import Scorer
+from trl_sandbox.scoring.scorer import Scorer
+from trl_sandbox.training.environment import SandboxEnvironment, _render
 
 MIB = 1 << 20
 LIMIT = 4000
@@ -132,7 +132,7 @@ def test_a_surrogate_pair_is_never_split(limit):
     """Text decoded with ``surrogatepass`` holds a character beyond the BMP as two surrogates: a
     cut between them would leave two lone halves. Control: the plain cut at that byte count does
     split some of these limits' pairs."""
-    from trl_sandbox.clip import _utf8_prefix, clip_text
+    from trl_sandbox.scoring.clip import _utf8_prefix, clip_text
 
     text = "\ud83d\ude00" * 50_000
     clipped = clip_text(text, limit)
@@ -147,7 +147,7 @@ def test_a_surrogate_pair_is_never_split(limit):
 @pytest.mark.parametrize("data", [b"\xff" * 100_000, "é".encode() * 100_000, b"a" * 100_000,
                                   "😀".encode() * 30_000, b"\xed\xa0\x80" * 40_000])
 def test_clip_bytes_cuts_between_sequences_and_counts_the_bytes_left_out(data):
-    from trl_sandbox.clip import clip_bytes
+    from trl_sandbox.scoring.clip import clip_bytes
 
     shown = clip_bytes(data, LIMIT)
     head, _, rest = shown.partition("\n... [")

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from trl_sandbox.idle_queue import IdleQueue
+from trl_sandbox.pool.idle_queue import IdleQueue
 
 
 def run(coro):

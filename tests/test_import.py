@@ -40,7 +40,7 @@ def test_module_imports(name):
 
 def test_cli_starts_without_the_training_stack():
     """``trl-sandbox providers`` and ``tasks`` answer without importing torch (a fast CLI start)."""
-    code = ("import sys; from trl_sandbox.cli import main; rc = main(['providers']); "
+    code = ("import sys; from trl_sandbox.commands.cli import main; rc = main(['providers']); "
             "assert 'torch' not in sys.modules, 'the CLI imported torch'; sys.exit(rc)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

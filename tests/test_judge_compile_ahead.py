@@ -14,8 +14,8 @@ import warnings
 
 import pytest
 
-from trl_sandbox.judge import build_program, check_outcome, check_spec
-from trl_sandbox.judge_resident import _AHEAD_SOURCE_CHARS, _compiled_ahead
+from trl_sandbox.judge.resident import _AHEAD_SOURCE_CHARS, _compiled_ahead
+from trl_sandbox.judge.verdict import build_program, check_outcome, check_spec
 
 from .local_helpers import local_host
 

@@ -14,12 +14,12 @@ import sys
 
 import pytest
 
-from trl_sandbox.generic_task import GenericTask
-from trl_sandbox.judge import JUDGE_SOURCE
+from trl_sandbox.judge.verdict import JUDGE_SOURCE
 from trl_sandbox.local import LocalProvider
-from trl_sandbox.pool import SandboxPool
-from trl_sandbox.scoring import Scorer
-from trl_sandbox.tasks import Program
+from trl_sandbox.pool.sandbox_pool import SandboxPool
+from trl_sandbox.sandbox import Program
+from trl_sandbox.scoring.scorer import Scorer
+from trl_sandbox.tasks.generic import GenericTask
 
 FORGER = r'''
 import os, sys

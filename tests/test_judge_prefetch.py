@@ -14,9 +14,9 @@ import textwrap
 
 import pytest
 
-from trl_sandbox.judge import build_program, check_outcome, check_spec
-from trl_sandbox.judge_conn import _canonical, _Conn, _Mispredicted
-from trl_sandbox.judge_prefetch import predicted_calls
+from trl_sandbox.judge.conn import _canonical, _Conn, _Mispredicted
+from trl_sandbox.judge.prefetch import predicted_calls
+from trl_sandbox.judge.verdict import build_program, check_outcome, check_spec
 
 from .local_helpers import local_host
 

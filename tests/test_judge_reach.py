@@ -18,8 +18,8 @@ import os
 
 import pytest
 
-from trl_sandbox.builtin_tasks import TASKS
-from trl_sandbox.generic_task import tasks_from_dict
+from trl_sandbox.tasks.builtin import TASKS
+from trl_sandbox.tasks.generic import tasks_from_dict
 
 from .local_helpers import local_host
 from .test_resident_judge import parent_of, resident, settled
@@ -51,8 +51,8 @@ def honest(i):
 @pytest.fixture
 def scorer():
     """A fresh pool of one sandbox per test: what one attack leaves cannot explain the next's result."""
-    from trl_sandbox.pool import SandboxPool
-    from trl_sandbox.scoring import Scorer
+    from trl_sandbox.pool.sandbox_pool import SandboxPool
+    from trl_sandbox.scoring.scorer import Scorer
 
     with SandboxPool.open("local", size=1) as pool:
         yield Scorer(pool, cache_size=0)
@@ -153,8 +153,8 @@ def test_work_in_orphaned_processes_counts_against_the_budget(scorer):
 def test_orphaned_work_counts_against_a_judge_that_runs_as_a_plain_exec():
     """The same with ``resident_judge=false`` (a judge process per program): the judge counts every
     process of the sandbox, which holds only it and its candidate's. Control: 0.4 s passes."""
-    from trl_sandbox.pool import SandboxPool
-    from trl_sandbox.scoring import Scorer
+    from trl_sandbox.pool.sandbox_pool import SandboxPool
+    from trl_sandbox.scoring.scorer import Scorer
 
     with SandboxPool.open("local", size=1, settings={"resident_judge": False}) as pool:
         scorer = Scorer(pool, cache_size=0)
@@ -308,7 +308,7 @@ def max_subarray_sum(xs):
 def test_the_oom_killer_picks_programs_first_then_the_helpers_and_the_supervisor_last():
     """Read back from the host: the supervisor keeps the lowest score, the judge and the forker a
     middle one, the waiting candidate, every candidate and every plain program the highest."""
-    from trl_sandbox.judge import build_program, call_outcome, call_spec
+    from trl_sandbox.judge.verdict import build_program, call_outcome, call_spec
 
     with local_host() as host:
         box = host.create()
@@ -337,7 +337,7 @@ def test_an_exec_that_ran_out_of_time_is_a_timeout_whatever_it_printed():
     result, not timed out, keeps its verdict."""
     import dataclasses
 
-    from trl_sandbox.judge import build_program, call_outcome, call_spec, check_outcome
+    from trl_sandbox.judge.verdict import build_program, call_outcome, call_spec, check_outcome
 
     with local_host() as host:
         box = host.create()

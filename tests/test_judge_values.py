@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from trl_sandbox.judge_values import SMALL_VALUE_BYTES, ValueTooLarge, decode_value, plain_loads, values_equal
+from trl_sandbox.judge.values import SMALL_VALUE_BYTES, ValueTooLarge, decode_value, plain_loads, values_equal
 
 MODULUS = (1 << 61) - 1  # CPython's int hash modulus: multiples of it all hash to 0
 

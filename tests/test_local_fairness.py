@@ -8,12 +8,12 @@ a dozen correct neighbours, each burning ~0.1 s of CPU, are scored in the same b
 
 from __future__ import annotations
 
-from trl_sandbox import judge
-from trl_sandbox.builtin_tasks import TASKS
-from trl_sandbox.generic_task import tasks_from_dict
+from trl_sandbox.judge import verdict as judge
 from trl_sandbox.local import LocalProvider
-from trl_sandbox.pool import SandboxPool
-from trl_sandbox.scoring import Scorer
+from trl_sandbox.pool.sandbox_pool import SandboxPool
+from trl_sandbox.scoring.scorer import Scorer
+from trl_sandbox.tasks.builtin import TASKS
+from trl_sandbox.tasks.generic import tasks_from_dict
 
 from .task_helpers import KADANE
 

@@ -444,10 +444,10 @@ def max_subarray_sum(xs):
 def test_work_handed_to_a_child_counts_against_the_candidates_budget():
     """A solution ~3x too slow for its CPU budget must not pass by doing the work in a child process
     (the judge's budget covers the candidate's whole process family, not its own process)."""
-    from trl_sandbox.builtin_tasks import TASKS
-    from trl_sandbox.generic_task import tasks_from_dict
-    from trl_sandbox.pool import SandboxPool
-    from trl_sandbox.scoring import Scorer
+    from trl_sandbox.pool.sandbox_pool import SandboxPool
+    from trl_sandbox.scoring.scorer import Scorer
+    from trl_sandbox.tasks.builtin import TASKS
+    from trl_sandbox.tasks.generic import tasks_from_dict
 
     entry = {**TASKS["max_subarray"], "tests": ["[-2, 1, -3, 4, -1, 2, 1, -5, 4]"]}
     program = OFFLOADED.format(n=_loop_count_for(0.8))
@@ -492,7 +492,7 @@ def test_a_candidate_that_fills_the_process_limit_leaves_the_next_judged_program
     from forking the next program's candidate."""
     import base64
 
-    from trl_sandbox.judge import (
+    from trl_sandbox.judge.verdict import (
         build_program,
         call_spec,
         check_outcome,

@@ -477,7 +477,7 @@ def test_closing_pools_leaves_asyncio_child_watching_undisturbed(caplog):
     """
     import logging
 
-    from trl_sandbox.pool import SandboxPool
+    from trl_sandbox.pool.sandbox_pool import SandboxPool
 
     caplog.set_level(logging.WARNING, logger="asyncio")
     for _ in range(8):
@@ -490,7 +490,7 @@ def test_closing_pools_leaves_asyncio_child_watching_undisturbed(caplog):
 def test_a_pool_resets_a_local_sandbox_at_check_in_and_replaces_a_dead_one():
     """The pool takes a local sandbox back without a task of its own (``defer_reset``): the next
     lease still starts clean, and a sandbox that died meanwhile is still replaced, not reused."""
-    from trl_sandbox.pool import SandboxPool
+    from trl_sandbox.pool.sandbox_pool import SandboxPool
 
     with SandboxPool.open(LocalProvider(), size=1) as pool:
         wrote = pool.run(["sh", "-c", "echo x > left.txt; ls"], timeout=10)

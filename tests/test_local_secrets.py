@@ -74,7 +74,7 @@ os.write(2, secret.replace(b"OUTPUT", b"ERRORS") + b"\n")
 
 
 def test_a_program_cannot_find_an_earlier_programs_output_in_its_memory():
-    from trl_sandbox.judge import build_program, check_outcome, check_spec
+    from trl_sandbox.judge.verdict import build_program, check_outcome, check_spec
 
     async def scenario():
         provider = LocalProvider()

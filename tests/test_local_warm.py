@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import pytest
 
-from trl_sandbox import judge
-from trl_sandbox.generic_task import GenericTask
-from trl_sandbox.judge import JUDGE_SOURCE
-from trl_sandbox.pool import SandboxPool
-from trl_sandbox.scoring import Scorer
+from trl_sandbox.judge import verdict as judge
+from trl_sandbox.judge.verdict import JUDGE_SOURCE
+from trl_sandbox.pool.sandbox_pool import SandboxPool
+from trl_sandbox.scoring.scorer import Scorer
+from trl_sandbox.tasks.generic import GenericTask
 
 from .local_helpers import local_host
 

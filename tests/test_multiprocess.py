@@ -92,7 +92,7 @@ def assert_two_ranks_with_their_own_pools(up: dict[int, dict]) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("entry", [["examples/train.py"], ["-m", "trl_sandbox.train", "--no_plot"]],
+@pytest.mark.parametrize("entry", [["examples/train.py"], ["-m", "trl_sandbox.commands.train", "--no_plot"]],
                          ids=["example", "cli"])
 def test_two_processes_log_the_whole_runs_counts_once(tmp_path, entry):
     """The per-step counts in metrics.jsonl add up to both ranks' completions (2 x 2), not one rank's
@@ -115,7 +115,7 @@ def test_two_processes_log_the_whole_runs_counts_once(tmp_path, entry):
         assert sum(record[k] for k in STATUS_KEYS) == 4, record
         assert record["sandbox/infra"] == 0
         assert record["sandbox/pass_rate"] == record["sandbox/passed"] / 4
-    if "trl_sandbox.train" in entry:
+    if "trl_sandbox.commands.train" in entry:
         summary = json.loads((tmp_path / "out" / "summary.json").read_text())
         assert sum(summary["outcomes"].values()) == 2 * 4, summary
     assert orphaned_bwraps() <= before, "a rank left a sandbox running"

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from trl_sandbox import ConfigError, InfraError, QuotaError, SandboxSpec
-from trl_sandbox.pool import PoolSettings, SandboxPool
+from trl_sandbox.pool.sandbox_pool import PoolSettings, SandboxPool
 
 FAST = PoolSettings(backoff_initial_s=0.01, backoff_max_s=0.05, exec_slack_s=0.5, health_interval_s=0.2,
                     lease_timeout_s=5.0, create_timeout_s=2.0, destroy_timeout_s=2.0)
@@ -245,7 +245,7 @@ def test_an_outage_longer_than_the_budget_stops_training(flaky_provider):
     import asyncio
 
     from trl_sandbox import SandboxOutageError
-    from trl_sandbox.rewards import SandboxReward
+    from trl_sandbox.training.rewards import SandboxReward
 
     provider = flaky_provider()
     settings = PoolSettings(**{**FAST.__dict__, "max_attempts": 1, "lease_timeout_s": 0.3, "outage_s": 1.5})
@@ -271,7 +271,7 @@ def test_pool_settings_and_the_outage_budget_are_validated():
         PoolSettings(outage_s=0)
     with pytest.raises(ConfigError, match="max_attempts"):
         PoolSettings(max_attempts=0)
-    from trl_sandbox.trainer import SandboxGRPOConfig
+    from trl_sandbox.training.trainer import SandboxGRPOConfig
 
     with pytest.raises(ConfigError, match="sandbox_outage_s"):
         SandboxGRPOConfig(output_dir="/tmp/x", sandbox_outage_s=-1, report_to=[], use_cpu=True, bf16=False)
@@ -284,8 +284,8 @@ def test_every_pool_tags_its_sandboxes_with_owner_and_maker(flaky_provider, monk
     import os
     import socket
 
-    from trl_sandbox.rewards import SandboxReward
-    from trl_sandbox.tags import HOST_TAG, MADE_BY_TAG, MANAGED_TAG, PID_TAG, RUN_TAG, clean
+    from trl_sandbox.pool.tags import HOST_TAG, MADE_BY_TAG, MANAGED_TAG, PID_TAG, RUN_TAG, clean
+    from trl_sandbox.training.rewards import SandboxReward
 
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("TRL_SANDBOX_RUN_ID", "launch-7")

@@ -11,10 +11,10 @@ import asyncio
 
 import pytest
 
-from trl_sandbox.pool import SandboxPool
-from trl_sandbox.pool_settings import PoolSettings, percentile
-from trl_sandbox.rank_metrics import MAX_SAMPLES, RankMetrics
-from trl_sandbox.rewards import SandboxReward
+from trl_sandbox.pool.sandbox_pool import SandboxPool
+from trl_sandbox.pool.settings import PoolSettings, percentile
+from trl_sandbox.training.rank_metrics import MAX_SAMPLES, RankMetrics
+from trl_sandbox.training.rewards import SandboxReward
 
 
 def merge_two(rank0: RankMetrics, rank1: RankMetrics, mode: str = "train") -> dict[str, float]:

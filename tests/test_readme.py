@@ -45,7 +45,7 @@ def test_every_make_target_and_script_the_readme_names_exists():
 
 
 def _flags_of(command: str) -> set[str]:
-    from trl_sandbox.cli import build_parser
+    from trl_sandbox.commands.cli import build_parser
 
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
@@ -53,8 +53,8 @@ def _flags_of(command: str) -> set[str]:
 
 
 def _train_flags() -> set[str]:
-    from trl_sandbox.train import TrainArguments
-    from trl_sandbox.trainer import SandboxGRPOConfig
+    from trl_sandbox.commands.train import TrainArguments
+    from trl_sandbox.training.trainer import SandboxGRPOConfig
 
     names = {f.name for f in dataclasses.fields(SandboxGRPOConfig)} | {f.name for f in dataclasses.fields(TrainArguments)}
     return {f"--{n}" for n in names} | {"--no_plot", "--config"}
@@ -87,7 +87,7 @@ def _example_flags(script: str) -> set[str]:
     """The flags of ``examples/NAME.py``: its argparse parser, or SandboxGRPOConfig and its own dataclasses."""
     import runpy
 
-    from trl_sandbox.trainer import SandboxGRPOConfig
+    from trl_sandbox.training.trainer import SandboxGRPOConfig
 
     module = runpy.run_path(str(ROOT / script), run_name="readme_check")
     if "build_parser" in module:

@@ -19,7 +19,14 @@ import time
 
 import pytest
 
-from trl_sandbox.judge import build_program, call_spec, check_outcome, check_spec, parse_verdict, plain_loads
+from trl_sandbox.judge.verdict import (
+    build_program,
+    call_spec,
+    check_outcome,
+    check_spec,
+    parse_verdict,
+    plain_loads,
+)
 
 from .local_helpers import local_host
 

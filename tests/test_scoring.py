@@ -7,9 +7,9 @@ import threading
 
 import pytest
 
-from trl_sandbox.pool import PoolSettings, SandboxPool
-from trl_sandbox.rewards import SandboxReward
-from trl_sandbox.scoring import Scorer, completion_text
+from trl_sandbox.pool.sandbox_pool import PoolSettings, SandboxPool
+from trl_sandbox.scoring.scorer import Scorer, completion_text
+from trl_sandbox.training.rewards import SandboxReward
 
 FAST = PoolSettings(backoff_initial_s=0.01, backoff_max_s=0.05, exec_slack_s=0.5, max_attempts=2)
 
@@ -144,7 +144,7 @@ def test_a_small_result_of_a_quick_task_is_scored_on_the_loop_anything_else_on_t
     flaky_provider, monkeypatch
 ):
     from trl_sandbox.plugins import get_task_set
-    from trl_sandbox.scoring import QUICK_SCORE_CHARS
+    from trl_sandbox.scoring.scorer import QUICK_SCORE_CHARS
 
     task = get_task_set("echo")
     where = []

@@ -7,10 +7,11 @@ import json
 
 import pytest
 
-from trl_sandbox import ConfigError, SandboxGRPOConfig, train
-from trl_sandbox import presets as presets_module
-from trl_sandbox.presets.cpu_demo import CONFIG_OVERRIDES
-from trl_sandbox.run_dir import MANIFEST, RunDirectory
+from trl_sandbox import ConfigError, SandboxGRPOConfig
+from trl_sandbox.commands import train
+from trl_sandbox.commands.run_dir import MANIFEST, RunDirectory
+from trl_sandbox.training import presets as presets_module
+from trl_sandbox.training.presets.cpu_demo import CONFIG_OVERRIDES
 
 
 @pytest.fixture

@@ -146,7 +146,7 @@ def test_pool_is_torn_down_however_training_ends(tmp_path, mode, returncode):
 def test_a_sigterm_during_teardown_waits_until_it_is_done():
     """A launcher SIGTERMs every rank once one failed; on a rank already tearing down its pool, that
     signal must not cut the teardown short. It is raised once the teardown is over."""
-    from trl_sandbox.trainer import TrainingTerminated, _raise_on_sigterm
+    from trl_sandbox.training.trainer import TrainingTerminated, _raise_on_sigterm
 
     before = signal.getsignal(signal.SIGTERM)
     done: list[str] = []
@@ -218,7 +218,7 @@ def test_start_reaps_sandboxes_of_dead_runs_on_this_host(tmp_path):
 
     from trl_sandbox import SandboxSpec
     from trl_sandbox.plugins import make_provider
-    from trl_sandbox.tags import HOST_TAG, MANAGED_TAG, PID_TAG, clean
+    from trl_sandbox.pool.tags import HOST_TAG, MANAGED_TAG, PID_TAG, clean
 
     server = make_provider("flaky", {"shared": True})
     server.live.clear()

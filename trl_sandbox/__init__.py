@@ -9,12 +9,14 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING
 
-from .hookspecs import hookimpl
-from .sandbox import (
+from trl_sandbox.plugins.hookspecs import hookimpl
+from trl_sandbox.sandbox import (
     Capabilities,
     ConfigError,
     ExecResult,
     InfraError,
+    Outcome,
+    Program,
     Provider,
     QuotaError,
     RateLimitError,
@@ -25,17 +27,18 @@ from .sandbox import (
     SandboxInfo,
     SandboxOutageError,
     SandboxSpec,
+    Task,
 )
-from .tasks import Outcome, Program, Task, load_tasks
+from trl_sandbox.tasks.load import load_tasks
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "SandboxGRPOConfig": "trl_sandbox.config",
-    "SandboxGRPOTrainer": "trl_sandbox.trainer",
-    "SandboxReward": "trl_sandbox.rewards",
-    "SandboxEnvironment": "trl_sandbox.environment",
-    "SandboxPool": "trl_sandbox.pool",
+    "SandboxGRPOConfig": "trl_sandbox.training.config",
+    "SandboxGRPOTrainer": "trl_sandbox.training.trainer",
+    "SandboxReward": "trl_sandbox.training.rewards",
+    "SandboxEnvironment": "trl_sandbox.training.environment",
+    "SandboxPool": "trl_sandbox.pool.sandbox_pool",
 }
 
 __all__ = [
@@ -66,11 +69,11 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from .config import SandboxGRPOConfig
-    from .environment import SandboxEnvironment
-    from .pool import SandboxPool
-    from .rewards import SandboxReward
-    from .trainer import SandboxGRPOTrainer
+    from trl_sandbox.pool.sandbox_pool import SandboxPool
+    from trl_sandbox.training.config import SandboxGRPOConfig
+    from trl_sandbox.training.environment import SandboxEnvironment
+    from trl_sandbox.training.rewards import SandboxReward
+    from trl_sandbox.training.trainer import SandboxGRPOTrainer
 
 
 def __getattr__(name: str):

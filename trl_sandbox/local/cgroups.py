@@ -41,8 +41,15 @@ import time
 import uuid
 from collections.abc import Callable
 
-from ..sandbox import ConfigError
-from .cgroup_detect import V2_CONTROLLERS, Unavailable, detect_v1, detect_v2, read_text, write_text
+from trl_sandbox.local.cgroup_detect import (
+    V2_CONTROLLERS,
+    Unavailable,
+    detect_v1,
+    detect_v2,
+    read_text,
+    write_text,
+)
+from trl_sandbox.sandbox import ConfigError
 
 log = logging.getLogger(__name__)
 

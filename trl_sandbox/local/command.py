@@ -19,11 +19,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..sandbox import ConfigError
-from . import mounts
+from trl_sandbox.local import mounts
+from trl_sandbox.sandbox import ConfigError
 
 if TYPE_CHECKING:
-    from .cgroups import SandboxGroup
+    from trl_sandbox.local.cgroups import SandboxGroup
 
 SUPERVISOR_DIR = Path(__file__).with_name("supervisor")
 # Inside the sandbox: the package under a name no program's module shadows, and its entry script.

@@ -17,12 +17,12 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from ..sandbox import ExecResult, InfraError, SandboxSpec, exec_arguments
-from .supervisor import protocol as _proto
+from trl_sandbox.local.supervisor import protocol as _proto
+from trl_sandbox.sandbox import ExecResult, InfraError, SandboxSpec, exec_arguments
 
 if TYPE_CHECKING:
-    from .cgroups import SandboxGroup
-    from .provider import LocalProvider
+    from trl_sandbox.local.cgroups import SandboxGroup
+    from trl_sandbox.local.provider import LocalProvider
 
 log = logging.getLogger("trl_sandbox.local.provider")
 

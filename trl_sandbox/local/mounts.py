@@ -23,7 +23,7 @@ import re
 import subprocess
 from collections.abc import Iterable
 
-from ..sandbox import ConfigError
+from trl_sandbox.sandbox import ConfigError
 
 # Files of a fresh procfs that describe the host rather than the sandbox; masked where they exist.
 PROC_MASKS = (

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from ..hookspecs import hookimpl
+from trl_sandbox.plugins.hookspecs import hookimpl
 
 
 @hookimpl
 def trl_sandbox_register_providers(register):
-    from .provider import LocalProvider
+    from trl_sandbox.local.provider import LocalProvider
 
     register("local", LocalProvider)

@@ -87,14 +87,14 @@ import uuid
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 
-from ..judge import JUDGE_SOURCE
-from ..sandbox import Capabilities, ConfigError, InfraError, SandboxInfo, SandboxSpec
-from ..settings import flag, number
-from . import mounts
-from .cgroups import PID_HEADROOM, Cgroups, SandboxGroup
-from .command import INSTALL_HINT, SCRATCH, SUPERVISOR_PATH, Command
-from .container import LocalSandbox
-from .usage import _Usage
+from trl_sandbox.judge.verdict import JUDGE_SOURCE
+from trl_sandbox.local import mounts
+from trl_sandbox.local.cgroups import PID_HEADROOM, Cgroups, SandboxGroup
+from trl_sandbox.local.command import INSTALL_HINT, SCRATCH, SUPERVISOR_PATH, Command
+from trl_sandbox.local.container import LocalSandbox
+from trl_sandbox.local.usage import _Usage
+from trl_sandbox.plugins.settings import flag, number
+from trl_sandbox.sandbox import Capabilities, ConfigError, InfraError, SandboxInfo, SandboxSpec
 
 log = logging.getLogger(__name__)
 

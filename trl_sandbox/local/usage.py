@@ -14,7 +14,7 @@ import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .provider import LocalProvider, LocalSandbox
+    from trl_sandbox.local.provider import LocalProvider, LocalSandbox
 
 TICK = os.sysconf("SC_CLK_TCK")
 

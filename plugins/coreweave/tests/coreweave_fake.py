@@ -7,7 +7,7 @@ WriteFile and ReadFile; everything else answers UNIMPLEMENTED, which makes the S
 the direct data plane to the gateway, as it would against a service without one. A command whose
 RPC ends early (deadline, cancellation) has its process group killed.
 
-Each fake sandbox is a container of its own on this host (``trl_sandbox.fake_container``: a
+Each fake sandbox is a container of its own on this host (``trl_sandbox.remote.fake_container``: a
 bubblewrap with its own PID namespace, ``/tmp``, ``/var/tmp`` and ``/dev/shm``), as CoreWeave gives
 each sandbox a pod: commands and file transfers happen inside it, a process a command leaves running
 lives on there for the next command (until the sandbox is deleted), and a command sees only its own
@@ -39,7 +39,7 @@ from cwsandbox._proto import sandbox_pb2, sandbox_pb2_grpc
 from google.protobuf import any_pb2, duration_pb2, timestamp_pb2
 from google.rpc import error_details_pb2, status_pb2
 
-from trl_sandbox.fake_container import FakeContainer, FileError
+from trl_sandbox.remote.fake_container import FakeContainer, FileError
 
 API_KEY = "test-key"
 DOMAIN = "cwsandbox.com"

@@ -15,7 +15,7 @@ import time  # noqa: E402
 import grpc  # noqa: E402
 import pytest  # noqa: E402
 
-pytest.register_assert_rewrite("trl_sandbox.testing")
+pytest.register_assert_rewrite("trl_sandbox.plugins.testing")
 
 from coreweave_fake import API_KEY, FakeCoreWeave  # noqa: E402
 from trl_sandbox_coreweave.provider import decode_tags  # noqa: E402
@@ -28,11 +28,10 @@ from trl_sandbox import (  # noqa: E402
     SandboxGoneError,
     SandboxSpec,
     load_tasks,
-    testing,
 )
-from trl_sandbox.plugins import make_provider, providers  # noqa: E402
-from trl_sandbox.pool import PoolSettings, SandboxPool  # noqa: E402
-from trl_sandbox.testing import FAST, closing, run  # noqa: E402
+from trl_sandbox.plugins import make_provider, providers, testing  # noqa: E402
+from trl_sandbox.plugins.testing import FAST, closing, run  # noqa: E402
+from trl_sandbox.pool.sandbox_pool import PoolSettings, SandboxPool  # noqa: E402
 
 TAGS = {"trl-sandbox": "1", "trl-sandbox-run": "coreweave-test"}
 

@@ -22,7 +22,7 @@ What a caller can rely on:
   ``SandboxSpec.limits`` (both only when the image has the tool; checked once per sandbox).
 * Relative paths and the default cwd are the work directory (``work_dir``, default
   ``/tmp/trl-sandbox/work``). ``reset()`` sends nothing: the next exec carries it. Every program
-  runs through the lease launcher (``trl_sandbox.remote_lease``): in a PID namespace of its own
+  runs through the lease launcher (``trl_sandbox.remote.lease``): in a PID namespace of its own
   that ends with it (or, where the image refuses namespaces, between two sweeps that kill every
   process a program left), after the due reset has emptied ``/tmp``, ``/var/tmp``, ``/dev/shm``
   and the work directory; the launcher applies ``SandboxSpec.limits`` and the cwd.
@@ -58,7 +58,8 @@ from trl_sandbox import (
     SandboxInfo,
     SandboxSpec,
 )
-from trl_sandbox.remote_lease import (
+from trl_sandbox.plugins.settings import flag, number
+from trl_sandbox.remote.lease import (
     CLEANING_MARGIN_S,
     FAILED_EXIT,
     LAUNCHER_SOURCE,
@@ -68,7 +69,6 @@ from trl_sandbox.remote_lease import (
     timed_out,
 )
 from trl_sandbox.sandbox import exec_arguments
-from trl_sandbox.settings import flag, number
 
 log = logging.getLogger("trl_sandbox_coreweave")
 
@@ -172,7 +172,7 @@ class CoreWeaveSandbox:
         self.work_dir = provider.work_dir_for(self.id)
         self.limits: ResourceLimits = spec.limits
         self.tools: set[str] = set()
-        # The lease launcher (``trl_sandbox.remote_lease``): a clean lease and an isolated program
+        # The lease launcher (``trl_sandbox.remote.lease``): a clean lease and an isolated program
         # per exec. None when the image has no python3 (the old behaviour, with a warning).
         self.lease: Lease | None = None
         self._busy = 0

@@ -6,7 +6,7 @@ here) ``process/execute`` and ``files/bulk-upload`` / ``files/bulk-download``. L
 daemon, ``process/execute`` feeds the command text to ``/bin/sh`` on its stdin, merges stderr into
 stdout, and on timeout kills the process group and answers 408.
 
-Each fake sandbox is a container of its own on this host (``trl_sandbox.fake_container``: a
+Each fake sandbox is a container of its own on this host (``trl_sandbox.remote.fake_container``: a
 bubblewrap with its own PID namespace, ``/tmp``, ``/var/tmp`` and ``/dev/shm``), as Daytona gives
 each sandbox its own container: commands, uploads and downloads happen inside it, a process a
 command leaves running lives on there for the next command (until the sandbox is deleted), and a
@@ -43,7 +43,7 @@ from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
-from trl_sandbox.fake_container import FakeContainer, FileError
+from trl_sandbox.remote.fake_container import FakeContainer, FileError
 
 API_KEY = "test-key"
 

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-pytest.register_assert_rewrite("trl_sandbox.testing")
+pytest.register_assert_rewrite("trl_sandbox.plugins.testing")
 
 from daytona_fake import API_KEY, FakeDaytona  # noqa: E402
 from trl_sandbox_daytona.provider import retry_after  # noqa: E402
@@ -21,11 +21,10 @@ from trl_sandbox import (  # noqa: E402
     SandboxGoneError,
     SandboxSpec,
     load_tasks,
-    testing,
 )
-from trl_sandbox.plugins import make_provider, providers  # noqa: E402
-from trl_sandbox.pool import PoolSettings, SandboxPool  # noqa: E402
-from trl_sandbox.testing import FAST, closing, run  # noqa: E402
+from trl_sandbox.plugins import make_provider, providers, testing  # noqa: E402
+from trl_sandbox.plugins.testing import FAST, closing, run  # noqa: E402
+from trl_sandbox.pool.sandbox_pool import PoolSettings, SandboxPool  # noqa: E402
 
 TAGS = {"trl-sandbox": "1", "trl-sandbox-run": "daytona-test"}
 CREDENTIAL_VARS = ("DAYTONA_API_KEY", "DAYTONA_JWT_TOKEN", "DAYTONA_ORGANIZATION_ID", "DAYTONA_API_URL")
@@ -383,7 +382,7 @@ def test_positive_control_a_recursive_cleaning_in_python_breaks_on_a_deep_tree(t
     import os
     import sys
 
-    from trl_sandbox import remote_lease_launcher
+    from trl_sandbox.remote import launcher as remote_lease_launcher
 
     path = os.path.join(str(tmp_path), "t")
     os.mkdir(path)

@@ -15,10 +15,10 @@ import time
 import pytest
 from daytona_fake import API_KEY, FakeDaytona
 
-from trl_sandbox.cli import main
-from trl_sandbox.pool import SandboxPool
-from trl_sandbox.tags import MADE_BY_TAG, PID_TAG
-from trl_sandbox.testing import FAST
+from trl_sandbox.commands.cli import main
+from trl_sandbox.plugins.testing import FAST
+from trl_sandbox.pool.sandbox_pool import SandboxPool
+from trl_sandbox.pool.tags import MADE_BY_TAG, PID_TAG
 
 
 @pytest.fixture
@@ -48,7 +48,7 @@ def _killed_run(fake: FakeDaytona, tmp_path, command: str, size: int = 2) -> int
         args = ["evaluate", str(samples), "--tasks", "builtin", "--timeout", "3600", "--no-progress",
                 "--output", str(tmp_path / "results.jsonl")]
     before = set(fake.live())
-    proc = subprocess.Popen([sys.executable, "-m", "trl_sandbox.cli", *args[:1], "--provider", "daytona", *settings,
+    proc = subprocess.Popen([sys.executable, "-m", "trl_sandbox.commands.cli", *args[:1], "--provider", "daytona", *settings,
                              *args[1:], "--pool-size", str(size)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

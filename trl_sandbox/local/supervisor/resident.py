@@ -2,7 +2,7 @@
 
 A judged program used to be a forked judge that forked the candidate, a second process, and both
 were set up, torn down and swept for every program. Here the judge (the warm program whose module
-defines ``_serve_candidate`` and ``_ATTACH``, see ``judge_program.py``) runs in one long-lived
+defines ``_serve_candidate`` and ``_ATTACH``, see ``judge/program.py``) runs in one long-lived
 process, and each program costs one fork: the candidate's.
 
 Who holds what, and why it is as safe as a fresh judge per program:

@@ -1,0 +1,156 @@
+"""Clean leases on remote sandboxes (Daytona, CoreWeave) without an extra round trip.
+
+A remote sandbox is a container or VM that lives across many programs. Without care, a process a
+program leaves behind survives into the next program's run (another completion of its group, or
+the next turn of an episode) and can change its files, fill ``/tmp``, slow it into a timeout, kill
+its judge or read its source. So every remote program runs through ``remote/launcher.py``,
+sent with the exec itself (``python3 -I -S -c SOURCE SPEC ARGV...``): a reset that is due travels
+with the next exec, exactly as the local sandbox's does, and the program runs in a PID namespace
+of its own that ends with it (see the launcher's docstring for what holds in which mode).
+
+``Lease`` is the per-sandbox state a provider keeps: what the probe at creation found
+(``isolation``: ``ns``/``userns`` or ``sweep`` where the image refuses namespaces), whether a reset
+is due, and the processes every sweep spares. ``probe_argv`` is the argv of that probe;
+``Lease.from_probe`` reads its answer (None: no ``python3`` in the image; the provider then keeps
+its old behaviour and says so in a warning).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import logging
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trl_sandbox.sandbox import ResourceLimits
+
+log = logging.getLogger("trl_sandbox.remote.lease")
+
+
+
+# Functions an exec in one mode never calls: left out of what is sent (the interpreter compiles
+# the source on every exec, about 0.3 ms per KB on a slow machine).
+_UNUSED = {
+    "probe": set(),
+    "ns": {"probe", "dumps", "baseline", "sweep", "ancestors", "pids", "start_time"},
+    "sweep": {"probe", "dumps", "baseline", "enter_namespaces", "seal_filesystem", "init"},
+}
+
+
+def _bare_source(text: str, mode: str) -> str:
+    """The launcher's code without comments, docstrings (the file keeps them) and the functions
+    ``mode`` does not use: it is sent with every exec."""
+    tree = ast.parse(text)
+    tree.body = [n for n in tree.body if not (isinstance(n, ast.FunctionDef) and n.name in _UNUSED[mode])]
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.unparse(tree) + "\n"
+
+
+_TEXT = Path(__file__).with_name("launcher.py").read_text(encoding="utf-8")
+SOURCES = {mode: _bare_source(_TEXT, mode) for mode in _UNUSED}
+LAUNCHER_SOURCE = SOURCES["probe"]  # the whole launcher (the probe runs it once per sandbox)
+# -I: no current directory, user site or PYTHON* variables on the launcher's path; -S: no site
+# module either (nothing of the image's site-packages runs before the launcher's own code).
+LAUNCHER_ARGV = ("python3", "-I", "-S", "-c", LAUNCHER_SOURCE)
+FAILED_EXIT = 125
+#: Added to the service's own time limit for an exec: the launcher's cleaning runs before the
+#: program's clock starts (the launcher enforces the program's limit itself), so a program that
+#: left a million files cannot slow its neighbour into a timeout.
+CLEANING_MARGIN_S = 10
+#: The user a program runs as in ``sweep`` mode when the launcher may switch to it (nobody).
+SWEEP_UID = 65534
+
+
+def probe_argv() -> list[str]:
+    return [*LAUNCHER_ARGV, repr({"probe": True})]
+
+
+def rlimits(limits: ResourceLimits) -> dict[str, int]:
+    """``SandboxSpec.limits`` as the launcher applies them (what ``prlimit`` applied before)."""
+    return {"cpu": max(1, -(-int(limits.cpu_seconds * 1000) // 1000)), "as": int(limits.memory_mb) << 20,
+            "fsize": int(limits.file_size_mb) << 20, "nofile": int(limits.open_files)}
+
+
+class LeaseFailed(Exception):
+    """The launcher could not clean the sandbox or isolate the program (the program never ran)."""
+
+
+@dataclass
+class Lease:
+    isolation: str  # "ns", "userns" or "sweep"
+    read_only_root: bool = False
+    switch_user: bool = False
+    spare: list[list[int]] = field(default_factory=list)
+    reset_due: bool = False
+
+    @classmethod
+    def from_probe(cls, stdout: str, sandbox_id: str, provider: str) -> Lease | None:
+        answer = None
+        for line in reversed(stdout.splitlines()):
+            if line.startswith("{") and '"isolation"' in line:
+                try:
+                    answer = json.loads(line)
+                except ValueError:
+                    continue
+                break
+        if answer is None:
+            log.warning("%s sandbox %s: the image has no usable python3, so programs run without the lease "
+                        "launcher: processes they leave are not killed and a reset empties the work directory only "
+                        "(one more exec per lease)", provider, sandbox_id)
+            return None
+        lease = cls(isolation=str(answer.get("isolation") or "sweep"),
+                    read_only_root=bool(answer.get("read_only_root")),
+                    switch_user=bool(answer.get("switch_user")),
+                    spare=[list(map(int, p)) for p in answer.get("spare") or []])
+        if lease.isolation == "sweep":
+            log.warning("%s sandbox %s: the image refuses PID namespaces; every program is followed (and preceded) "
+                        "by a sweep that kills every process not present when the sandbox was made%s", provider,
+                        sandbox_id, " and programs run as nobody" if lease.switch_user else
+                        "; programs run as the daemon's own user, so a program that the daemon killed on timeout "
+                        "leaves processes that live until the next exec's sweep")
+        return lease
+
+    def argv(self, argv: Sequence[str], *, work: str, cwd: str | None, limits: ResourceLimits | None,
+             timeout: float | None = None, stdin_b64: bool = False,
+             keep: Sequence[str] = ()) -> tuple[list[str], str]:
+        """The launcher's argv for one program, and the tag of its own lines. Carries the due reset."""
+        tag = secrets.token_hex(8)
+        spec: dict[str, Any] = {"mode": "sweep" if self.isolation == "sweep" else "ns", "work": work,
+                                "cwd": cwd or work, "reset": self.reset_due, "tag": tag}
+        if timeout is not None:
+            spec["timeout"] = float(timeout)
+        if limits is not None:
+            spec["limits"] = rlimits(limits)
+        if stdin_b64:
+            spec["stdin"] = "b64"
+        if keep:
+            spec["keep"] = list(keep)
+        if self.isolation == "sweep":
+            spec["spare"] = self.spare
+            if self.switch_user:
+                spec["uid"] = SWEEP_UID
+        head = ("python3", "-I", "-S", "-c", SOURCES[spec["mode"]])
+        return [*head, repr(spec), *argv], tag  # a Python literal: no json import there
+
+
+def failure(stdout: str, tag: str) -> str | None:
+    """The launcher's own failure reason in ``stdout`` (None when it did not fail). The tag is
+    fresh per exec and never visible to the program, so the line cannot be forged."""
+    marker = f"[trl-sandbox-lease:{tag}:failed] "
+    i = stdout.rfind(marker)
+    if i < 0:
+        return None
+    return stdout[i + len(marker):].split("\n", 1)[0] or "unknown"
+
+
+def timed_out(stdout: str, tag: str) -> bool:
+    """Whether the launcher ended the program at its wall-clock limit."""
+    return stdout.endswith(f"[trl-sandbox-lease:{tag}:timeout]\n")
