@@ -112,3 +112,39 @@ def test_every_example_command_line_uses_flags_the_example_has():
             assert flag in known, f"README uses {flag} with {words[scripts[0]]}, which has no such flag: {line}"
         checked += 1
     assert checked >= 8, checked
+
+
+DOCS = {path: path.read_text(encoding="utf-8") for path in [ROOT / "README.md", *sorted(ROOT.glob("plugins/*/README.md"))]}
+
+
+def _resolves(dotted: str) -> bool:
+    """Whether ``dotted`` is a module of the package, or a name reached from one by attributes."""
+    import importlib
+
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            target = importlib.import_module(".".join(parts[:i]))
+        except ModuleNotFoundError:
+            continue
+        for name in parts[i:]:
+            if not hasattr(target, name):
+                return False
+            target = getattr(target, name)
+        return True
+    return False
+
+
+def test_every_module_path_the_docs_name_exists():
+    named = {(doc.name if doc.parent == ROOT else str(doc.relative_to(ROOT)), m.group(0).rstrip("."))
+             for doc, text in DOCS.items() for m in re.finditer(r"\btrl_sandbox(?:\.\w+)+", text)}
+    files = {(doc.name, m.group(0)) for doc, text in DOCS.items() for m in re.finditer(r"\btrl_sandbox/[\w/.]+", text)}
+    assert len(named) >= 5 and len(files) >= 5  # the docs name several; the patterns find them
+    assert sorted(f"{doc}: {p}" for doc, p in named if not _resolves(p)) == []
+    assert sorted(f"{doc}: {p}" for doc, p in files if not (ROOT / p.rstrip(".")).exists()) == []
+
+
+def test_the_path_check_catches_a_moved_module():
+    assert _resolves("trl_sandbox.pool.sandbox_pool.SandboxPool")
+    assert not _resolves("trl_sandbox.pool_settings")  # before the folders: now trl_sandbox.pool.settings
+    assert not _resolves("trl_sandbox.judge.verdict.no_such_name")

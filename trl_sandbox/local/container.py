@@ -15,14 +15,24 @@ import os
 import signal
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from trl_sandbox.local.supervisor import protocol as _proto
 from trl_sandbox.sandbox import ExecResult, InfraError, SandboxSpec, exec_arguments
 
 if TYPE_CHECKING:
     from trl_sandbox.local.cgroups import SandboxGroup
-    from trl_sandbox.local.provider import LocalProvider
+
+
+class LocalProvider(Protocol):
+    """What a sandbox reads of the ``trl_sandbox.local.provider.LocalProvider`` that made it."""
+
+    _grace: float
+    warm_tokens: dict[str, str]
+    wall_timeouts: int
+    work_dir: str
+
+    def wall_bound(self, timeout: float) -> float: ...
 
 log = logging.getLogger("trl_sandbox.local.provider")
 

@@ -11,10 +11,19 @@ figure is close but misses the last moments of processes that vanished between t
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from trl_sandbox.local.provider import LocalProvider, LocalSandbox
+    from trl_sandbox.local.cgroups import Cgroups
+    from trl_sandbox.local.container import LocalSandbox
+
+
+class LocalProvider(Protocol):
+    """What the usage readings read of the ``trl_sandbox.local.provider.LocalProvider``."""
+
+    _cgroups: Cgroups
+    _sandboxes: dict[str, LocalSandbox]
+    wall_timeouts: int
 
 TICK = os.sysconf("SC_CLK_TCK")
 

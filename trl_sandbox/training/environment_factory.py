@@ -23,12 +23,14 @@ from trl_sandbox.scoring.scorer import Scorer
 
 
 class EnvironmentFactory:
-    """``factory()`` -> a ``SandboxEnvironment`` on this process's pool (built on the first call)."""
+    """``factory()`` -> a ``SandboxEnvironment`` on this process's pool (built on the first call).
+
+    Made through ``SandboxEnvironment.factory(**settings)``, which passes its class."""
 
     def __init__(
         self,
         *,
-        environment_class: type | None = None,
+        environment_class: type,
         provider: str = "local",
         provider_settings: Mapping[str, Any] | None = None,
         pool_size: int = 4,
@@ -40,11 +42,9 @@ class EnvironmentFactory:
         max_attempts: int | None = None,
     ) -> None:
         from trl_sandbox.plugins import make_provider
-        from trl_sandbox.training.environment import SandboxEnvironment
 
-        self.environment_class = environment_class or SandboxEnvironment
-        if not (isinstance(self.environment_class, type) and issubclass(self.environment_class, SandboxEnvironment)):
-            raise ConfigError(f"environment_class must be SandboxEnvironment or a subclass, not {self.environment_class!r}")
+        # Made by ``SandboxEnvironment.factory`` (its ``cls``): this module never imports the class.
+        self.environment_class = environment_class
         if not isinstance(provider, str):
             raise ConfigError("EnvironmentFactory takes a provider's name (e.g. 'local'), so that each process can build it")
         if pool_size < 1:

@@ -27,12 +27,23 @@ interpreter untouched.
 from __future__ import annotations
 
 import builtins
-from typing import TYPE_CHECKING
+from collections.abc import Collection
+from typing import Protocol
 
 from trl_sandbox.judge.bans.rules import ESCAPE_CALLABLES, is_dunder
 
-if TYPE_CHECKING:
-    from trl_sandbox.judge.bans import BanPolicy
+
+class BanPolicy(Protocol):
+    """What the run-time layer reads of a ``trl_sandbox.judge.bans.BanPolicy``."""
+
+    @property
+    def active(self) -> bool: ...
+
+    names: Collection[str]
+    attributes: Collection[str]
+    modules: Collection[str]
+    no_imports: bool
+    allowed_imports: Collection[str]
 
 
 def removals(policy: BanPolicy) -> list[str]:

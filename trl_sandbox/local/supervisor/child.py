@@ -217,26 +217,3 @@ def finish(status):
             if stream is sys.stdout:
                 status = 120
     return status
-
-
-def run_child(job):
-    """In the forked child, with the supervisor's stack already unwound."""
-    # Programs must not reach what earlier programs sent. Clearing the compile cache here would
-    # free every cached code object (a copy-on-write fault per page), so only the name is
-    # dropped: the hidden reference taken in main.configure() keeps the cache alive and
-    # unreachable (frozen objects are not in gc.get_objects() either).
-    S.CACHE = None
-    from . import forker, resident  # they import this module
-
-    try:
-        if job[0] == "resident":
-            resident.run_resident(job)
-        elif job[0] == "forker":
-            forker.run_forker(job)
-        elif job[0] is None:
-            run_exec_child(job)
-        else:
-            run_python_child(job)
-    except BaseException as exc:  # a failure of the setup itself: never fall back into the supervisor
-        child_fail(f"cannot start the program: {exc!r}", EXIT_CANNOT_RUN)
-    os._exit(EXIT_CANNOT_RUN)

@@ -11,7 +11,7 @@ import gc
 import os
 import stat
 
-from . import kernel
+from . import kernel, resident
 from . import state as S
 from .protocol import K_DATA, K_OK, receive_raw, reply, reply_files
 
@@ -107,13 +107,10 @@ def fresh_scratch():
 
 
 def do_reset(request):
-    from . import resident
-    from .forkserver import sweep  # forkserver imports this module
-
     # Every exec ends with nothing of it left (a sweep, or the resident judge's check), so the
     # judge is all there can be; it holds nothing of the scratch places and stays.
     if resident.PID is None or resident.leftovers():
-        sweep()
+        resident.sweep()
     fresh_scratch()
     gc.collect()
     gc.freeze()

@@ -36,7 +36,7 @@ import select
 import socket
 import struct
 
-from . import kernel
+from . import forked, kernel
 from . import state as S
 from .budget import ticks_of
 from .child import EXIT_CANNOT_RUN, OOM_PROGRAM, apply_limits, child_fail, set_oom_score
@@ -67,12 +67,13 @@ def fork_helper(kind, main):
     return pid, ours
 
 
-def start(main):
-    """Fork the forker. Returns None in PID 1, and the forker's job in the forked child."""
+def start(main, judge_pid):
+    """Fork the forker. Returns None in PID 1, and the forker's job in the forked child (with the
+    judge's pid, which its filter protects)."""
     global PID, SOCKET
     pid, got = fork_helper("forker", main)
     if pid == 0:
-        return got
+        return (*got, judge_pid)
     PID, SOCKET = pid, got
     return None
 
@@ -160,7 +161,6 @@ PREFORK = b"\0prefork"  # a request with no descriptors (a fork request always h
 # (and an import statement per fork) wrote about forty more pages per candidate.
 FDS_SPACE = socket.CMSG_LEN(3 * 4)
 FD_TRIPLE = struct.Struct("3i")
-_resident = None  # the resident module, bound once by run_forker
 # The C socket pair, not socket.socketpair's Python wrapper objects: fewer pages written per fork.
 _socketpair, _AF_UNIX, _SOCK_SEQPACKET = _socket.socketpair, socket.AF_UNIX, socket.SOCK_SEQPACKET
 
@@ -180,12 +180,8 @@ def _fds_of(ancillary):
 def run_forker(job):
     """The forker's loop: one candidate at a time, forked (or taken ready from a prefork),
     reported, reaped, reported."""
-    global _resident
-    from . import resident
-
-    _resident = resident  # bound once: an import statement in the loop would run the import system
-    _, main, sock = job
-    sock = resident.settle_helper(sock, devnull_at=0)  # its OOM score and interpreter state are inherited
+    _, main, sock, judge_pid = job
+    sock = forked.settle_helper(sock, devnull_at=0)  # its OOM score and interpreter state are inherited
     global OOM_FD, OOM_SCORES
     OOM_FD = set_oom_score(S.OOM_HELPER, keep=True)  # see _fork
     OOM_SCORES = (b"%d" % OOM_PROGRAM, b"%d" % S.OOM_HELPER)
@@ -193,9 +189,9 @@ def run_forker(job):
     # limits but CPU seconds (which count per process: each candidate sets its own), no
     # capabilities, no new privileges, the candidates' filter, non-dumpable.
     apply_limits(skip=("RLIMIT_CPU",))
-    resident.CPU_LIMITS = tuple(limit for limit in S.RLIMITS if limit[0] == resource.RLIMIT_CPU)
+    forked.CPU_LIMITS = tuple(limit for limit in S.RLIMITS if limit[0] == resource.RLIMIT_CPU)
     kernel.shed_privileges()
-    kernel.take_filter(kernel.protecting(resident.PID, os.getpid()))
+    kernel.take_filter(kernel.protecting(judge_pid, os.getpid()))
     kernel.PREPARED.prctl(kernel.PR_SET_DUMPABLE, 0, 0, 0, 0)
     gc.freeze()  # what PID 1 made since it last froze: no candidate's collector scans it
     kernel.release_free_heap()  # fewer pages to copy at every fork and to unmap at every exit
@@ -269,7 +265,6 @@ def _fork():
 
 def _fork_now(main, fds, path):
     """Fork a candidate for this exec. Its pid (-errno when no fork could be made)."""
-    resident = _resident
     _reseed()
     try:
         pid = _fork()
@@ -277,9 +272,9 @@ def _fork_now(main, fds, path):
         return -(exc.errno or 1)
     if pid == 0:
         try:
-            resident.wire_candidate(fds)
-            resident.prepare_candidate()
-            resident.serve_candidate(main, path)
+            forked.wire_candidate(fds)
+            forked.prepare_candidate()
+            forked.serve_candidate(main, path)
         except BaseException as exc:
             child_fail(f"cannot start the program: {exc!r}", EXIT_CANNOT_RUN)
         os._exit(EXIT_CANNOT_RUN)
@@ -290,7 +285,7 @@ def warm_waiting(rounds=24):
     """Run, here in PID 1 before any fork, what a waiting candidate runs to take its exec (a
     socket object on its descriptor, ``socket.recv_fds``): each waiting candidate then finds that
     code quickened and its lookups cached, where it would write them, a copy-on-write fault per
-    page (see ``judge_resident._warm_serving`` for the rest of a candidate's path)."""
+    page (see ``_warm_serving`` in ``trl_sandbox/judge/resident.py`` for the rest of a candidate's path)."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         for _ in range(rounds):
@@ -306,7 +301,6 @@ def warm_waiting(rounds=24):
 
 def _fork_waiting(main):
     """Fork a candidate that sets itself up and waits for its exec: ``(pid, socket)``, or None."""
-    resident = _resident
     ours, theirs = _socketpair(_AF_UNIX, _SOCK_SEQPACKET)
     _reseed()
     try:
@@ -321,7 +315,7 @@ def _fork_waiting(main):
         os.closerange(4, S.FD_LIMIT)
         error = None
         try:
-            resident.prepare_candidate()
+            forked.prepare_candidate()
         except BaseException as exc:
             error = exc  # reported on the exec's stderr, once there is one
         try:
@@ -332,10 +326,10 @@ def _fork_waiting(main):
         if not path or len(fds) != 3 or flags & socket.MSG_TRUNC:
             os._exit(0)  # the forker went away
         try:
-            resident.wire_candidate(fds)
+            forked.wire_candidate(fds)
             if error is not None:
                 raise error
-            resident.serve_candidate(main, path)
+            forked.serve_candidate(main, path)
         except BaseException as exc:
             child_fail(f"cannot start the program: {exc!r}", EXIT_CANNOT_RUN)
         os._exit(EXIT_CANNOT_RUN)

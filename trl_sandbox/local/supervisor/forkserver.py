@@ -18,7 +18,6 @@ import gc
 import mmap
 import os
 import select
-import signal
 import time
 import warnings
 
@@ -26,9 +25,10 @@ from . import resident
 from . import state as S
 from .budget import Budget, children_cpu_s
 from .child import EXIT_NOT_FOUND
+from .ending import drain_wakeups, kill_all, outcome
 from .files import read_regular
 from .output import Output
-from .protocol import F_OOM, F_TIMED_OUT, F_TRUNCATED, F_WALL, K_RESULT, read_fd, receive_stdin, reply
+from .protocol import F_OOM, K_RESULT, read_fd, receive_stdin, reply
 
 # Single-letter interpreter flags that a forked interpreter can honour (or that make no difference
 # to one that is already running). Any other flag (-m, -O, -W, -X, ...) runs the real interpreter.
@@ -177,7 +177,7 @@ def do_exec(request):
     if resident.PID is not None:
         # The judge, its forker and the waiting candidate never share the sandbox with another
         # program (the sweep after this exec would end them anyway).
-        sweep()
+        resident.sweep()
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     # A page of its own for every exec: whatever a program writes into it dies with the exec.
@@ -206,29 +206,9 @@ def do_exec(request):
     status_page.close()
     if oom or (plan is None and exit_code > 0 and out.ends_with_memory_error(err_r)):
         flags |= F_OOM
-    sweep()
+    resident.sweep()
     out.send(flags, exit_code, duration, out_r, err_r)
     return None
-
-
-def outcome(status, timed_out, budget, out):
-    """The result's flags and exit code."""
-    flags = F_TRUNCATED if out.truncated else 0
-    if timed_out:
-        return flags | F_TIMED_OUT | (F_WALL if budget.wall_hit else 0), -signal.SIGKILL
-    exit_code = exit_code_of(status)
-    if exit_code == -signal.SIGXCPU:
-        flags |= F_TIMED_OUT  # the CPU-seconds limit is a time limit too
-    return flags, exit_code
-
-
-def exit_code_of(status):
-    """0-255 for an exit, minus the signal number for a death by signal (as subprocess does)."""
-    if os.WIFSIGNALED(status):
-        return -os.WTERMSIG(status)
-    if os.WIFEXITED(status):
-        return os.WEXITSTATUS(status)
-    return -1
 
 
 def wait_child(pid, budget, out_r, err_r):
@@ -281,36 +261,3 @@ def wait_child(pid, budget, out_r, err_r):
         os.close(out_r)
         os.close(err_r)
     return status, timed_out, out
-
-
-def kill_all():
-    """SIGKILL every process of the namespace but ourselves; False when there was none."""
-    try:
-        os.kill(-1, signal.SIGKILL)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def drain_wakeups():
-    try:
-        while os.read(S.WAKE_R, 512):
-            pass
-    except OSError:
-        pass
-
-
-def sweep():
-    """Kill and reap every process of the namespace but ourselves. Their IPC namespace (each
-    plain exec has its own; judged candidates may make no IPC objects) goes with the last of them,
-    and with it every SysV object and POSIX message queue they made. A resident judge is one of
-    them."""
-    resident.forget()
-    if kill_all():
-        while True:
-            try:
-                os.waitpid(-1, 0)
-            except ChildProcessError:
-                break
-    if not S.USE_PIDFD:
-        drain_wakeups()

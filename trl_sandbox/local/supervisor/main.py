@@ -21,8 +21,8 @@ import sys
 
 from . import files, forker, kernel, protocol, resident
 from . import state as S
-from .child import EXIT_CANNOT_RUN, run_child
-from .forkserver import do_exec, sweep
+from .child import EXIT_CANNOT_RUN, child_fail, run_exec_child, run_python_child
+from .forkserver import do_exec
 from .protocol import K_ERROR, K_OK, OP_CONFIG, OP_EXEC, OP_PING, OP_READ, OP_RESET, OP_WRITE, reply
 
 ENTRY_DIR = "/.trl-sandbox"  # where the host ships these files in; never on a program's sys.path
@@ -287,7 +287,7 @@ def serve():
             except Exception as exc:  # fork failed, or a bug: answer, and let the host retire us
                 if os.getpid() != 1:
                     os._exit(EXIT_CANNOT_RUN)  # a child never answers the host
-                sweep()
+                resident.sweep()
                 reply(K_ERROR, part1=f"exec failed in the supervisor: {exc!r}".encode("utf-8", "replace"))
                 continue
             if job is not None:
@@ -332,6 +332,27 @@ def probe():
         sys.stderr.write(f"trl-sandbox kernel check failed: {exc}\n")
         sys.exit(1)
     print("{}.{}.{}".format(*sys.version_info[:3]))
+
+
+def run_child(job):
+    """In the forked child, with the supervisor's stack already unwound."""
+    # Programs must not reach what earlier programs sent. Clearing the compile cache here would
+    # free every cached code object (a copy-on-write fault per page), so only the name is
+    # dropped: the hidden reference taken in main.configure() keeps the cache alive and
+    # unreachable (frozen objects are not in gc.get_objects() either).
+    S.CACHE = None
+    try:
+        if job[0] == "resident":
+            resident.run_resident(job)
+        elif job[0] == "forker":
+            forker.run_forker(job)
+        elif job[0] is None:
+            run_exec_child(job)
+        else:
+            run_python_child(job)
+    except BaseException as exc:  # a failure of the setup itself: never fall back into the supervisor
+        child_fail(f"cannot start the program: {exc!r}", EXIT_CANNOT_RUN)
+    os._exit(EXIT_CANNOT_RUN)
 
 
 def main():

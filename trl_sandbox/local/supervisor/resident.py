@@ -34,7 +34,6 @@ Who holds what, and why it is as safe as a fresh judge per program:
 """
 
 import os
-import resource
 import select
 import signal
 import socket
@@ -45,15 +44,13 @@ import time
 from . import forker, kernel
 from . import state as S
 from .budget import Budget, children_cpu_s, ticks_of
-from .child import apply_limits, exit_status, set_oom_score
+from .child import apply_limits, exit_status
+from .ending import drain_wakeups, kill_all, outcome
+from .forked import settle_helper
 from .output import Output
 from .protocol import K_ERROR, reply
 
 ENABLED = True  # the configuration's "resident_judge"
-# The program's CPU-seconds limit, which counts per process: each candidate sets it on itself
-# (``prepare_candidate``). Picked out of the limits once, by the forker, so that a candidate, a fresh
-# fork, runs as little code as it can before its program (every page it writes is a fault).
-CPU_LIMITS = ()
 PID = None  # the judge's pid, while one runs
 SOCKET = None  # PID 1's end of the judge's socket
 DONE = struct.Struct("<i")  # the judge's exit status for an exec
@@ -114,8 +111,6 @@ def start(main):
 def do_exec(main, stdin_fd, timeout, cwd):
     """Run one judged program: have the forker fork the candidate, hand the exec to the judge,
     wait for both. Returns None in PID 1, and a job in a forked child (the judge, the forker)."""
-    from .forkserver import outcome, sweep
-
     if PID is not None and not (alive(PID) and alive(forker.PID)):
         sweep()  # one of them died between execs (the OOM killer, say): both start afresh
     if PID is None:
@@ -123,7 +118,7 @@ def do_exec(main, stdin_fd, timeout, cwd):
         if job is not None:
             return job
     if forker.PID is None:
-        job = forker.start(main)
+        job = forker.start(main, PID)
         if job is not None:
             return job
     out_r, out_w = os.pipe()
@@ -169,8 +164,6 @@ def wait(pid, budget, out_r, err_r):
     pipes are closed, or the time is up. Returns ``(status, timed_out, output, killed)``;
     ``status`` is the judge's (a wait status: its exit code, or how it died); ``killed``: everything
     was killed."""
-    from .forkserver import kill_all
-
     reaper = forker.SOCKET.fileno()
     poller = select.poll()
     for fd in (out_r, err_r, reaper, SOCKET.fileno()):
@@ -262,92 +255,6 @@ def leftovers():
     return any(name.isdigit() and name not in keep for name in os.listdir("/proc"))
 
 
-# -- in the forked children ---------------------------------------------------------------------
-
-
-def become_python():
-    """What a forked Python child sets up before running anything (see child.run_python_child)."""
-    import builtins
-    import gc
-
-    sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__ = S.STREAMS[False]
-    sys.argv = ["-c"]
-    sys.path = list(S.BASE_PATH)  # isolated (-I): nothing of the working directory
-    main = type(sys)("__main__")
-    main.__dict__.update(__annotations__={}, __builtins__=builtins,
-                         __loader__=sys.modules["_frozen_importlib"].BuiltinImporter)
-    sys.modules["__main__"] = main
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    gc.enable()
-
-
-def settle_helper(sock, devnull_at):
-    """What the judge and the forker do first: a session of their own, ``/`` as working directory,
-    the OOM killer's choice after every program and before the supervisor, their socket to PID 1 as descriptor 3, /dev/null on 0, 1, 2 and
-    ``devnull_at`` (``S.DEVNULL`` from then on), every other descriptor closed, and a fresh
-    interpreter state. Returns the socket."""
-    os.setsid()
-    os.chdir("/")
-    set_oom_score(S.OOM_HELPER)  # raises: a helper that cannot is not started (the exec fails)
-    fd = sock.detach()
-    if fd != 3:
-        os.dup2(fd, 3)
-        os.close(fd)
-    for fd in {0, 1, 2, devnull_at}:
-        os.dup2(S.DEVNULL, fd)
-    S.DEVNULL = devnull_at
-    os.closerange(max(3, devnull_at) + 1, S.FD_LIMIT)
-    become_python()
-    return socket.socket(fileno=3)
-
-
-def wire_candidate(fds):
-    """A candidate's descriptors: the request and response pipes as 3 and 4 (where
-    ``_serve_candidate`` expects them), stdout and stderr both the exec's stderr (stdout carries
-    the verdict only), stdin /dev/null; every other descriptor closed (the forker's socket too)."""
-    req_r, resp_w, err_w = fds
-    os.dup2(S.DEVNULL, 0)
-    os.dup2(err_w, 1)
-    os.dup2(err_w, 2)
-    if resp_w == 3:
-        resp_w = os.dup(resp_w)  # out of the way of the request pipe
-    if req_r != 3:
-        os.dup2(req_r, 3)
-    if resp_w != 4:
-        os.dup2(resp_w, 4)
-    os.closerange(5, S.FD_LIMIT)
-
-
-def prepare_candidate():
-    """A candidate's own session (and process group) and CPU limit. The forker has set up the
-    rest for all of them (``forker.run_forker``): a fresh interpreter state, ``/`` as working
-    directory, the programs' OOM score (``forker._fork``), the other limits, the seccomp filter,
-    no capabilities, no new privileges, non-dumpable.
-
-    A session, not only a group: a process may move into any process group of its own session,
-    and the forker's group is its session's. A candidate left in the forker's session could join
-    the forker's group (``setpgid(0, forker)``) and then reach the forker through every call that
-    names "my own group" (``kill(0, SIGSTOP)``, ``setpriority(PRIO_PGRP, 0)``), which the filter
-    cannot tell from a call on the candidate's own group. In a session of its own, the groups it
-    and its processes can join are its own."""
-    os.setsid()
-    for name, soft, hard in CPU_LIMITS:
-        try:
-            resource.setrlimit(name, (soft, hard))
-        except (ValueError, OSError):
-            pass
-
-
-def serve_candidate(main, path):
-    """Into the exec's working directory, and serve the judge (``_serve_candidate``)."""
-    os.chdir(os.fsdecode(path))
-    try:
-        main.__globals__["_serve_candidate"](3, 4)
-    except BaseException:
-        pass
-    os._exit(0)
-
-
 def run_resident(job):
     """The judge: a session of its own, the program's limits but CPU seconds, no capabilities and
     the usual filter; then one exec after another from PID 1 until it goes away."""
@@ -413,3 +320,19 @@ def run_resident(job):
             os._exit(0)
         if fatal:
             os._exit(1)  # a judge that failed is not used again
+
+
+def sweep():
+    """Kill and reap every process of the namespace but ourselves. Their IPC namespace (each
+    plain exec has its own; judged candidates may make no IPC objects) goes with the last of them,
+    and with it every SysV object and POSIX message queue they made. A resident judge is one of
+    them."""
+    forget()
+    if kill_all():
+        while True:
+            try:
+                os.waitpid(-1, 0)
+            except ChildProcessError:
+                break
+    if not S.USE_PIDFD:
+        drain_wakeups()
