@@ -68,8 +68,9 @@ default) picks ``"cgroup"`` exactly when the sandbox has a memory cgroup of its 
   dies (the program's exec returns ``exit_code=None``; the pool replaces the sandbox). The supervisor
   is told ``memory_mode="cgroup"`` then, else ``"deny"``. ``SandboxSpec.cpus`` is not enforced: the
   groups share CPU by weight, not by quota. Without cgroups, only the per-process rlimits of
-  ``ResourceLimits`` and the tmpfs caps apply. Every sandbox process has ``oom_score_adj=1000``, so
-  the host's OOM killer picks sandboxed code first.
+  ``ResourceLimits`` and the tmpfs caps apply. The OOM killer's order is set and read back: programs
+  and candidates ``oom_score_adj=1000`` (picked first), the resident judge and its forker 500, the
+  supervisor its start-up score (the lowest), so a sandbox's own code dies before what judges it.
 * What it sees (``mounts.py``): the interpreter's standard library, not the host's site-packages
   (each site directory is an empty read-only tmpfs; ``packages=[...]`` binds named top-level
   packages back), and a /proc whose host-wide files (boot arguments, kernel symbols, keys, ...) are
