@@ -53,7 +53,7 @@ run_version() {  # run_version VERSION SCOPE
     failed+=("$v (setup)")
     return
   fi
-  local args=(-q -p no:cacheprovider)
+  local args=(-q -p no:cacheprovider -n "${TEST_WORKERS:-3}" --dist loadfile)
   if [ "$scope" = full ]; then
     args+=(-m "not gpu and not slow")
   else

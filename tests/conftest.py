@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -26,9 +27,13 @@ def test_plugin(tmp_path_factory) -> Path:
     installed with pip. Subprocesses see it through PYTHONPATH.
     """
     target = tmp_path_factory.mktemp("site")
+    # Built from a copy: the build writes next to its source, and parallel workers (pytest -n)
+    # building the one tree at once collide there.
+    source = shutil.copytree(TESTS / "testplugin", tmp_path_factory.mktemp("testplugin") / "src",
+                             ignore=shutil.ignore_patterns("build", "*.egg-info"))
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--no-index", "--target", str(target), str(TESTS / "testplugin")],
+         "--no-index", "--target", str(target), str(source)],
         check=True,
     )
     sys.path.insert(0, str(target))
