@@ -15,8 +15,14 @@ demo: setup
 
 ## The whole test suite (offline) and the linter, then the suite on the other Pythons the project
 ## claims (scripts/test-matrix.sh: 3.10 to 3.13, each in its own .venv-pyX.Y).
-test: test-main
-	bash scripts/test-matrix.sh
+## The other Pythons' environments are built beside the main suite (their log:
+## .test-matrix-prepare.log); a failed build is retried, and reported, by the matrix run.
+test: setup
+	@bash scripts/test-matrix.sh --prepare > .test-matrix-prepare.log 2>&1 & prepare=$$!; \
+	  $(MAKE) --no-print-directory test-main; rc=$$?; \
+	  wait $$prepare; \
+	  [ $$rc -eq 0 ] || exit $$rc; \
+	  bash scripts/test-matrix.sh
 
 ## The main suite alone, on .venv's Python. Test files run in TEST_WORKERS processes at once
 ## (pytest-xdist; a file stays in one process): most tests wait on sandboxes, servers and

@@ -11,8 +11,13 @@
 # missing is reported and the others still run; under CI (CI=true) a missing one fails the run.
 # Downloaded wheels are shared through pip's cache, so each environment is built quickly after
 # the first.
+#
+#   --prepare      only build the environments (`make test` runs this beside the main suite, so
+#                  that the builds, mostly waiting on pip, cost no time of their own)
 set -uo pipefail
 cd "$(dirname "$0")/.."
+PREPARE=false
+[ "${1:-}" = "--prepare" ] && PREPARE=true
 
 FULL_PYTHONS=${FULL_PYTHONS-3.11 3.12}
 CORE_PYTHONS=${CORE_PYTHONS-3.10 3.13}
@@ -51,6 +56,10 @@ run_version() {  # run_version VERSION SCOPE
   echo "== Python $v ($scope): $py" >&2
   if ! PYTHON="$py" VENV="$venv" SCOPE="$scope" bash scripts/setup.sh; then
     failed+=("$v (setup)")
+    return
+  fi
+  if $PREPARE; then
+    summary+=("python $v ($scope): environment ready")
     return
   fi
   local args=(-q -p no:cacheprovider -n "${TEST_WORKERS:-3}" --dist loadfile)

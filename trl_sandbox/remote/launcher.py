@@ -50,8 +50,12 @@ CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUSER = 0x20000, 0x20000000, 0x10000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 1, 24, 38, 47
-WRITABLE = ("/tmp", "/var/tmp", "/dev/shm")
 LIBC = ctypes.CDLL(None, use_errno=True)
+
+if "wipe" not in globals():
+    # On the host (tests, linters) the cleaning is a module of its own. Sent to a sandbox, its text
+    # runs first (``trl_sandbox.remote.lease``) and has defined these names.
+    from trl_sandbox.remote.launcher_cleaning import WRITABLE, baseline, dumps, sweep, wipe
 
 
 def _check(result, what):
@@ -152,159 +156,6 @@ def shed_capabilities():
     header, data = Header(0x20080522, 0), (Data * 2)()
     _check(LIBC.capset(ctypes.byref(header), ctypes.byref(data)), "capset")
     _check(_prctl(PR_SET_NO_NEW_PRIVS, 1), "no_new_privs")
-
-
-def start_time(pid):
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(b")") + 2:].split()
-    return int(fields[19]), int(fields[1])  # (start time, parent pid)
-
-
-def pids():
-    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
-
-
-def ancestors(pid):
-    chain = set()
-    while pid > 1 and pid not in chain:
-        chain.add(pid)
-        info = start_time(pid)
-        if info is None:
-            break
-        pid = info[1]
-    return chain
-
-
-def baseline():
-    me = os.getpid()
-    out = []
-    for pid in pids():
-        info = start_time(pid)
-        if pid != me and info is not None:
-            out.append([pid, info[0]])
-    return out
-
-
-def sweep(spare):
-    """Stop, then kill, every process that is neither spared nor one of our ancestors."""
-    if os.readlink("/proc/self") != str(os.getpid()):  # /proc is not our PID namespace's: pids would lie
-        raise OSError(5, "/proc does not show this sandbox's processes")
-    keep = ancestors(os.getpid()) | {1}
-    for pid, started in spare:
-        info = start_time(pid)
-        if info is not None and info[0] == started:
-            keep.add(pid)
-    stopped = set()
-    for _ in range(1000):
-        fresh = False
-        for pid in pids():
-            if pid in keep or pid in stopped:
-                continue
-            try:
-                os.kill(pid, signal.SIGSTOP)
-                stopped.add(pid)
-                fresh = True
-            except ProcessLookupError:
-                pass
-            except PermissionError:
-                keep.add(pid)  # not ours to stop (another user's): it cannot touch our programs either
-        if not fresh:
-            break
-    for pid in stopped:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    return len(stopped)
-
-
-def remove(path):
-    """``rm -rf`` (without ``shutil``): a directory the program made unreadable is opened up first."""
-    if os.path.isdir(path) and not os.path.islink(path):
-        try:
-            os.chmod(path, 0o700)
-        except OSError:
-            pass
-        for name in os.listdir(path):
-            remove(os.path.join(path, name))
-        os.rmdir(path)
-    else:
-        os.unlink(path)
-
-
-def dumps(value):
-    """JSON for the probe's answer (ints, strings without quotes or backslashes, bools, lists)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, str):
-        return f'"{value}"'
-    if isinstance(value, dict):
-        return "{{{}}}".format(", ".join(f'"{k}": {dumps(v)}' for k, v in value.items()))
-    return "[{}]".format(", ".join(dumps(v) for v in value))
-
-
-def wipe(spec):
-    keep = set(spec.get("keep") or ())
-    kept_dirs = {spec["work"]}  # emptied, not removed and made again
-    for path in keep | {spec["work"]}:
-        while path not in ("/", ""):
-            path = os.path.dirname(path)
-            kept_dirs.add(path)
-
-    def empty(directory, doomed):
-        try:
-            names = os.listdir(directory)
-        except FileNotFoundError:
-            return
-        for name in names:
-            path = os.path.join(directory, name)
-            if path in keep:
-                continue
-            if path in kept_dirs and os.path.isdir(path) and not os.path.islink(path):
-                empty(path, doomed)
-                continue
-            doomed.append(path)
-
-    # Never through a symbolic link a program left in place of a directory (its target, anywhere
-    # in the image, would be emptied by root): the link itself goes.
-    doomed = []
-    work = spec["work"]
-    inside = any(work.startswith(d + "/") for d in WRITABLE)
-    for directory in WRITABLE + (() if inside else (work,)):
-        if os.path.islink(directory):
-            doomed.append(directory)
-        elif os.path.isdir(directory):
-            empty(directory, doomed)
-    stubborn = []
-    for path in doomed:  # files and empty directories without spawning anything
-        try:
-            if os.path.isdir(path) and not os.path.islink(path):
-                os.rmdir(path)
-            else:
-                os.unlink(path)
-        except OSError:
-            stubborn.append(path)
-    if not stubborn or rm_rf(stubborn):
-        return
-    for path in stubborn:
-        remove(path)
-
-
-def rm_rf(paths):
-    """``rm -rf`` when the image has it (it walks by file descriptor: a tree deeper than PATH_MAX or
-    than Python's recursion limit goes too). True when it removed everything."""
-    for rm in ("/bin/rm", "/usr/bin/rm"):
-        if os.access(rm, os.X_OK):
-            pid = os.posix_spawn(rm, ["rm", "-rf", "--", *paths], os.environ)
-            status = os.waitpid(pid, 0)[1]
-            return status == 0 and not any(os.path.lexists(p) for p in paths)
-    return False
 
 
 def limit(spec):

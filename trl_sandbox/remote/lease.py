@@ -45,7 +45,8 @@ def _bare_source(text: str, mode: str) -> str:
     """The launcher's code without comments, docstrings (the file keeps them) and the functions
     ``mode`` does not use: it is sent with every exec."""
     tree = ast.parse(text)
-    tree.body = [n for n in tree.body if not (isinstance(n, ast.FunctionDef) and n.name in _UNUSED[mode])]
+    tree.body = [n for n in tree.body if not (isinstance(n, ast.FunctionDef) and n.name in _UNUSED[mode])
+                 and not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]  # each part's docstring
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
         if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
@@ -54,7 +55,9 @@ def _bare_source(text: str, mode: str) -> str:
     return ast.unparse(tree) + "\n"
 
 
-_TEXT = Path(__file__).with_name("launcher.py").read_text(encoding="utf-8")
+# The cleaning first: the launcher's own text uses its names (and imports them only on the host).
+_TEXT = "\n".join(Path(__file__).with_name(name).read_text(encoding="utf-8")
+                  for name in ("launcher_cleaning.py", "launcher.py"))
 SOURCES = {mode: _bare_source(_TEXT, mode) for mode in _UNUSED}
 LAUNCHER_SOURCE = SOURCES["probe"]  # the whole launcher (the probe runs it once per sandbox)
 # -I: no current directory, user site or PYTHON* variables on the launcher's path; -S: no site

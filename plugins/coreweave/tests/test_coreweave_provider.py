@@ -326,7 +326,9 @@ def test_a_reset_rides_with_the_next_exec(fake, provider):
 
 
 def test_positive_control_without_the_launcher_a_reset_costs_an_exec(fake, provider):
-    with pytest.raises(AssertionError, match="1[23] exec requests for 6 programs"):
+    # 6 programs and a reset exec after each lease: 5 to 7 resets fall in the count, as the pool's
+    # resets after checkin land before or after it is read.
+    with pytest.raises(AssertionError, match="1[1-3] exec requests for 6 programs"):
         testing.check_a_reset_rides_with_the_next_exec(lambda: provider(clean_leases=False),
                                                        lambda: fake.count("exec"))
 

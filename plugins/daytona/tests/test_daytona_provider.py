@@ -355,7 +355,9 @@ def test_a_reset_rides_with_the_next_exec(fake, provider):
 
 
 def test_positive_control_without_the_launcher_a_reset_costs_an_exec(fake, provider):
-    with pytest.raises(AssertionError, match="1[23] exec requests for 6 programs"):
+    # 6 programs and a reset exec after each lease: 5 to 7 resets fall in the count, as the pool's
+    # resets after checkin land before or after it is read.
+    with pytest.raises(AssertionError, match="1[1-3] exec requests for 6 programs"):
         testing.check_a_reset_rides_with_the_next_exec(lambda: provider(clean_leases=False),
                                                        lambda: fake.count("exec"))
 
@@ -382,7 +384,7 @@ def test_positive_control_a_recursive_cleaning_in_python_breaks_on_a_deep_tree(t
     import os
     import sys
 
-    from trl_sandbox.remote import launcher as remote_lease_launcher
+    from trl_sandbox.remote import launcher_cleaning
 
     path = os.path.join(str(tmp_path), "t")
     os.mkdir(path)
@@ -394,8 +396,8 @@ def test_positive_control_a_recursive_cleaning_in_python_breaks_on_a_deep_tree(t
         here = there
     os.close(here)
     with pytest.raises((RecursionError, OSError)):
-        remote_lease_launcher.remove(path)
-    assert remote_lease_launcher.rm_rf([path])  # what the launcher uses
+        launcher_cleaning.remove(path)
+    assert launcher_cleaning.rm_rf([path])  # what the launcher uses
 
 
 def test_positive_control_the_fake_keeps_a_leftover_for_the_next_bare_sdk_exec(fake):
