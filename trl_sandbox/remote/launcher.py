@@ -5,12 +5,8 @@ program cannot change it.
 
 What one run does, in this order, before the program gets control:
 
-1. In ``sweep`` mode (namespaces refused by the image), stop and then SIGKILL every process that is
-   not this launcher, one of its ancestors (the vendor's daemon and its shell), PID 1, or one of
-   the processes the sandbox had when it was made (``spare``: pid and start time, so a recycled
-   pid is not spared). Stopping first means a process that forks as fast as it can cannot outrun
-   the sweep; SIGKILL cannot be caught or ignored; leaving the session or the process group
-   (``setsid``, double fork) changes nothing, since the sweep goes by pid, not by ancestry.
+1. In ``sweep`` mode (namespaces refused by the image), kill every process the sandbox did not
+   have when it was made but this launcher and its ancestors (``launcher_cleaning.sweep``).
 2. If a reset is due, empty ``/tmp``, ``/var/tmp``, ``/dev/shm`` and the work directory (keeping
    only ``keep``: the daemon shell's stderr file of this very exec), then recreate the work dir.
 3. Run the program. In ``ns`` mode it runs in a PID namespace of its own, whose first process (a
@@ -32,9 +28,9 @@ into ``SandboxGoneError`` (the pool replaces the sandbox and runs the program on
 program's wall-clock limit (``timeout``) is counted from the program's own start, so the cleaning
 is never its time; a program past it is killed (with all it started) and the launcher's last line
 is ``[trl-sandbox-lease:TAG:timeout]``. The ``TAG`` is fresh per exec and never visible to the
-program (the launcher blanks its own command line), so neither line can be forged. Program failures keep their own status; a
-program killed by a signal kills the launcher with the same signal, so the daemon reports it as it
-would have without the launcher.
+program (the launcher blanks its own command line), so neither line can be forged. Program
+failures keep their own status; a program killed by a signal kills the launcher with the same
+signal, so the daemon reports it as it would have without the launcher.
 """
 
 # Only modules that load in a few milliseconds (``signal``, ``json``, ``base64`` and ``shutil`` pull

@@ -1,7 +1,12 @@
-"""The lease launcher's cleaning, run before a program gets control (``launcher.py`` says when):
-in ``sweep`` mode, every process the sandbox did not have when it was made is stopped and then
-killed (by pid and start time, never by ancestry); on a reset, ``/tmp``, ``/var/tmp``, ``/dev/shm``
-and the work directory are emptied without following a link a program left.
+"""The lease launcher's cleaning, run before a program gets control (``launcher.py`` says when).
+
+In ``sweep`` mode, stop and then SIGKILL every process that is not the launcher, one of its
+ancestors (the vendor's daemon and its shell), PID 1, or one of the processes the sandbox had when
+it was made (``spare``: pid and start time, so a recycled pid is not spared). Stopping first means
+a process that forks as fast as it can cannot outrun the sweep; SIGKILL cannot be caught or
+ignored; leaving the session or the process group (``setsid``, double fork) changes nothing, since
+the sweep goes by pid, not by ancestry. On a reset, ``/tmp``, ``/var/tmp``, ``/dev/shm`` and the
+work directory are emptied without following a link a program left.
 
 Standard library only, Python 3.8+. Sent as one source with ``launcher.py`` (this text first) by
 ``trl_sandbox.remote.lease``; nothing of it stays in the sandbox between execs.
