@@ -41,7 +41,6 @@ from trl_sandbox.plugins.testing.kit import (  # noqa: F401  (public from here)
     FAST,
     STDIN,
     ProviderFactory,
-    T,
     _digest_line,
     _raises,
     closing,
