@@ -36,6 +36,17 @@ def trl_sandbox_register_tasks(register: Callable[[str, Any], None]) -> None:
 
 
 @hookspec
+def trl_sandbox_register_languages(register: Callable[[Any], None]) -> None:
+    """Register languages for programs judged on stdin/stdout: ``register(Language(...))``.
+
+    ``Language`` is ``trl_sandbox.judge.languages.Language``: the source file's name, a compile
+    command (or none), a run command, and the toolchain's commands with the package that provides
+    them. A language registered under a built-in name (``cpp``, ``python``...) replaces it, for example
+    to compile C++ with other flags.
+    """
+
+
+@hookspec
 def trl_sandbox_run_tags(run: Any) -> dict[str, str] | None:
     """Return tags to put on every sandbox of this run; the results of all plugins are merged.
 

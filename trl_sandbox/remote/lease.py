@@ -17,7 +17,6 @@ its old behaviour and says so in a warning).
 
 from __future__ import annotations
 
-import ast
 import json
 import logging
 import secrets
@@ -26,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trl_sandbox.judge.sent_source import bare_source
 from trl_sandbox.sandbox import ResourceLimits
 
 log = logging.getLogger("trl_sandbox.remote.lease")
@@ -41,24 +41,10 @@ _UNUSED = {
 }
 
 
-def _bare_source(text: str, mode: str) -> str:
-    """The launcher's code without comments, docstrings (the file keeps them) and the functions
-    ``mode`` does not use: it is sent with every exec."""
-    tree = ast.parse(text)
-    tree.body = [n for n in tree.body if not (isinstance(n, ast.FunctionDef) and n.name in _UNUSED[mode])
-                 and not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]  # each part's docstring
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
-                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
-            node.body = body[1:] or [ast.Pass()]
-    return ast.unparse(tree) + "\n"
-
-
 # The cleaning first: the launcher's own text uses its names (and imports them only on the host).
 _TEXT = "\n".join(Path(__file__).with_name(name).read_text(encoding="utf-8")
                   for name in ("launcher_cleaning.py", "launcher.py"))
-SOURCES = {mode: _bare_source(_TEXT, mode) for mode in _UNUSED}
+SOURCES = {mode: bare_source(_TEXT, _UNUSED[mode]) for mode in _UNUSED}
 LAUNCHER_SOURCE = SOURCES["probe"]  # the whole launcher (the probe runs it once per sandbox)
 # -I: no current directory, user site or PYTHON* variables on the launcher's path; -S: no site
 # module either (nothing of the image's site-packages runs before the launcher's own code).

@@ -15,6 +15,12 @@ A row without a ``sandbox_task`` column is scored here. Its columns say how, in 
     (the function's name). Optional ``test_setup``: trusted code run before ``test`` in the judge
     (default: the prompt, when the completion continues it), for helpers the tests use.
 
+**I/O style** (competitive programming): a whole program, in any of the judge's languages, reads
+    each test's input on stdin and is judged on what it prints. Rows carry ``tests`` as
+    ``{input, output}`` pairs or come in a published layout (APPS, CodeContests, LiveCodeBench,
+    ``verification_info``, DeepCoder, open-r1's Codeforces): see ``trl_sandbox.tasks.io`` and
+    ``trl_sandbox.tasks.io_layouts``.
+
 **Assert style** (MBPP-like): ``test_list`` (list of ``assert`` statements). Optional
     ``test_setup_code`` and ``test_imports`` (list of import lines), run in the judge first, and
     ``entry_point``/``func_name`` to name the function under test (default: every function the
@@ -66,6 +72,8 @@ from trl_sandbox.tasks.check import (
     _is_code,
     build_check,
 )
+from trl_sandbox.tasks.io import IOTask, build_io, score_io
+from trl_sandbox.tasks.io_layouts import io_task_of, layout_of
 
 # -- the generic task -----------------------------------------------------------------------------
 
@@ -80,6 +88,8 @@ def _style(row: Mapping[str, Any]) -> str:
         return "check"
     if present("test_list"):
         return "assert"
+    if layout_of(row) is not None:
+        return "io"
     styles = {"call": CALL_COLUMNS, "check": CHECK_COLUMNS, "assert": ASSERT_COLUMNS}
     closest = max(styles, key=lambda s: (sum(present(c) for c in styles[s]), s == "call"))
     missing = [c for c in styles[closest] if not present(c)]
@@ -100,7 +110,8 @@ class GenericTask:
     """Scores rows that carry their own tests (see the module docstring for the columns)."""
 
     name = "generic"
-    description = "any dataset with test columns: call (func_name/tests/reference), check (test/entry_point) or assert (test_list)"
+    description = ("any dataset with test columns: call (func_name/tests/reference), check (test/entry_point), "
+                   "assert (test_list) or io (whole programs on stdin/stdout, in the published layouts)")
 
     _instance: GenericTask | None = None
 
@@ -115,8 +126,10 @@ class GenericTask:
     def rows(self, **options: Any) -> list[dict[str, Any]]:
         return []
 
-    def resolve(self, row: Mapping[str, Any]) -> CallTask | CheckTask:
+    def resolve(self, row: Mapping[str, Any]) -> CallTask | CheckTask | IOTask:
         style = _style(row)
+        if style == "io":
+            return io_task_of(row)
         if style == "call":
             return call_task(row, task_id=str(row.get("task_id") or ""), extract="auto")
         prompt = _hashable_prompt(row.get("prompt", ""))
@@ -140,12 +153,16 @@ class GenericTask:
         task = self.resolve(row)
         if isinstance(task, CallTask):
             return build_call(task, completion, row.get("prompt"))
+        if isinstance(task, IOTask):
+            return build_io(task, completion)
         return build_check(task, completion)
 
     def score(self, result: ExecResult, row: Mapping[str, Any], *, nonce: bytes | None) -> Outcome:
         task = self.resolve(row)
         if isinstance(task, CallTask):
             return call_outcome(result, nonce, task.expected, raise_is_error=task.raise_is_error)
+        if isinstance(task, IOTask):
+            return score_io(task, result, nonce)
         return check_outcome(result, nonce, task.total)
 
 

@@ -1,0 +1,221 @@
+"""The I/O judge on the local sandbox: honest programs in Python, C++ and C, and programs that try
+to pay without solving (each attack next to a positive control that shows the attack's means work)."""
+
+from __future__ import annotations
+
+import secrets
+import textwrap
+
+import pytest
+
+from trl_sandbox.pool.sandbox_pool import SandboxPool
+from trl_sandbox.tasks.generic import GenericTask
+
+from .task_helpers import score
+
+SUM_TESTS = [{"input": f"{i} {i * 7}\n", "output": f"{i * 8}\n"} for i in range(1, 6)]
+SUM_PY = "a, b = map(int, input().split())\nprint(a + b)\n"
+SUM_CPP = "#include <iostream>\nint main(){long a,b;std::cin>>a>>b;std::cout<<a+b<<\"\\n\";}\n"
+SUM_C = "#include <stdio.h>\nint main(void){long a,b;if(scanf(\"%ld %ld\",&a,&b)!=2)return 1;printf(\"%ld\\n\",a+b);return 0;}\n"
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with SandboxPool.open("local", size=2, made_by="test-io-judge") as pool:
+        yield pool
+
+
+def _row(tests=SUM_TESTS, **columns):
+    return {"task_id": "sum", "tests": tests, **columns}
+
+
+def _one(pool, completion, row):
+    return score(pool, GenericTask(), [completion], row)[0]
+
+
+def test_honest_programs_in_three_languages_pass_and_wrong_ones_fail(pool):
+    cases = [f"```python\n{SUM_PY}```", f"```cpp\n{SUM_CPP}```", f"```c\n{SUM_C}```", SUM_PY,
+             "```cpp\nint main(){ return 0; }\n```", "print(0)"]
+    outcomes = score(pool, GenericTask(), cases, _row())
+    assert [o.status for o in outcomes] == ["passed"] * 4 + ["failed"] * 2, [o.detail for o in outcomes]
+    assert all((o.passed, o.total) == (5, 5) for o in outcomes[:4])
+    assert outcomes[4].passed == 0 and "WA 5" in outcomes[4].detail
+
+
+def test_outcome_kinds_and_partial_credit(pool):
+    wrong_on_3 = "a, b = map(int, input().split())\nprint(a + b + (a == 3))\n"
+    crash_on_4 = "a, b = map(int, input().split())\nassert a != 4\nprint(a + b)\n"
+    outcomes = score(pool, GenericTask(), [wrong_on_3, crash_on_4, "int main( {", "x = bytearray(1 << 33)"],
+                     [_row(), _row(), _row(language="cpp"), _row()])
+    assert (outcomes[0].status, outcomes[0].passed, outcomes[0].tests) == ("failed", 4, (True, True, False, True, True))
+    assert "WA 1" in outcomes[0].detail and "test 3" in outcomes[0].detail
+    assert (outcomes[1].status, outcomes[1].passed) == ("error", 4) and "RE 1" in outcomes[1].detail
+    assert outcomes[2].status == "error" and outcomes[2].detail.startswith("CE:")
+    assert outcomes[3].status == "error" and "MLE 5" in outcomes[3].detail
+
+
+def test_stop_at_first_failure_skips_the_rest(pool):
+    slow_on_2 = "import time\na, b = map(int, input().split())\nwhile a == 2: pass\nprint(a + b)\n"
+    stopped, full = score(pool, GenericTask(), [slow_on_2, slow_on_2],
+                          [_row(time_limit=0.5, stop_at_first_failure=True), _row(time_limit=0.5)])
+    assert stopped.status == full.status == "timeout"
+    assert stopped.passed == 1 and full.passed == 4 and "TLE 1" in full.detail
+
+
+def test_a_prefix_of_the_answer_that_exits_0_fails(pool):
+    tests = [{"input": "3\n", "output": "1\n2\n3\n"}]
+    whole, prefix = score(pool, GenericTask(), ["for i in range(int(input())): print(i + 1)",
+                                                "print(1)\nprint(2)\nraise SystemExit(0)"],
+                          [_row(tests, compare=mode) for mode in ("lines", "lines")])
+    assert (whole.status, prefix.status) == ("passed", "failed")
+    for mode in ("tokens", "exact"):
+        assert _one(pool, "print(1)\nprint(2)", _row(tests, compare=mode)).status == "failed"
+
+
+def test_a_forged_verdict_line_counts_for_nothing(pool):
+    forged = ('import sys\nline = "@@trl-sandbox-verdict@@ " + "00" * 16 + \' {"v": 1, "load": {"ok": true}, '
+              '"tests": [{"v": "AC"}, {"v": "AC"}, {"v": "AC"}, {"v": "AC"}, {"v": "AC"}]}\'\n'
+              'print(line); sys.stderr.write(line + "\\n")\n')
+    outcome = _one(pool, forged, _row())
+    assert outcome.status == "failed" and outcome.passed == 0
+
+
+SEARCH = textwrap.dedent("""
+    import os, sys
+    secret = sys.argv[1] if len(sys.argv) > 1 else {secret!r}
+    data = sys.stdin.read()
+    def look(path):
+        try:
+            with open(path, 'rb') as fh:
+                return secret.encode() in fh.read(1 << 24)
+        except Exception:
+            return False
+    found = secret in data
+    for root in ('/proc', '/tmp', '/dev/shm', '/var/tmp', '/work', os.getcwd(), '/'):
+        for here, dirs, files in os.walk(root):
+            if here.count('/') > 4 or found:
+                dirs[:] = []
+                continue
+            for name in files:
+                if name in ('kcore', 'kmsg', 'pagemap') or look(os.path.join(here, name)):
+                    found = found or name not in ('kcore', 'kmsg', 'pagemap')
+            if here.startswith('/proc'):
+                for pid in dirs:
+                    for part in ('mem', 'environ', 'cmdline', 'fd/0'):
+                        found = found or look(os.path.join(here, pid, part))
+    print('FOUND' if found else 'nothing')
+""")
+
+
+def test_the_expected_output_and_other_tests_inputs_are_out_of_reach(pool):
+    secret = "S" + secrets.token_hex(8)
+    # Test 1's expected output holds the secret; test 2's input does; the program reads neither.
+    tests = [{"input": "x\n", "output": f"{secret}\nFOUND\n"}, {"input": f"{secret}\n", "output": "FOUND\n"}]
+    program = SEARCH.format(secret=secret)
+    outcome = _one(pool, program, _row(tests, compare="lines", time_limit=5))
+    assert outcome.tests == (False, True), outcome.detail
+    # Positive control: the search does find the secret where it is in reach (its own stdin, test 2).
+    assert outcome.tests[1]
+
+
+def test_a_detached_worker_does_not_beat_the_time_limit(pool):
+    split = textwrap.dedent("""
+        import os, time
+        def burn(seconds):
+            end = time.process_time() + seconds
+            while time.process_time() < end:
+                pass
+        r, w = os.pipe()
+        for _ in range(2):
+            if os.fork() == 0:
+                os.setsid()
+                if os.fork() == 0:
+                    burn({each})
+                    os.write(w, b'x')
+                os._exit(0)
+        got = b''
+        while len(got) < 2:
+            got += os.read(r, 2)
+        print(int(input()) * 2)
+    """)
+    tests = [{"input": "21\n", "output": "42\n"}]
+    over = _one(pool, split.format(each=0.7), _row(tests, time_limit=1.0))
+    under = _one(pool, split.format(each=0.2), _row(tests, time_limit=1.0))
+    assert under.status == "passed", under.detail  # positive control: the same program within the budget
+    assert over.status == "timeout", over.detail
+
+
+def test_a_program_that_sleeps_or_floods_ends_quickly_and_fails(pool):
+    import time
+
+    start = time.monotonic()
+    sleeper = _one(pool, "import time\ntime.sleep(60)", _row(SUM_TESTS[:1], time_limit=0.5))
+    assert sleeper.status == "timeout" and time.monotonic() - start < 15
+    flood = _one(pool, "import sys\nfor _ in range(4000): sys.stdout.write('8' * 65536)", _row(SUM_TESTS[:1]))
+    assert flood.status == "failed" and "output limit" in flood.detail
+
+
+def test_nothing_is_left_for_the_next_test(pool):
+    leave = textwrap.dedent("""
+        import os, sys
+        marks = ['/tmp/mark', '/dev/shm/mark', 'mark', '/work/mark']
+        stale = any(os.path.exists(m) for m in marks)
+        me = open(sys.argv[0]).read() if os.path.exists(sys.argv[0]) else ''
+        patched = 'PAT' + 'CHED'
+        if patched in me:
+            stale = True
+        for m in marks:
+            try:
+                open(m, 'w').write('x')
+            except OSError:
+                pass
+        try:
+            with open(sys.argv[0], 'a') as fh:
+                fh.write('\\n# ' + patched + '\\n')
+        except OSError:
+            pass
+        seen_now = any(os.path.exists(m) for m in marks) and patched in open(sys.argv[0]).read()
+        print('stale' if stale else ('fresh' if seen_now else 'blind'))
+    """)
+    tests = [{"input": "\n", "output": "fresh\n"}] * 3
+    outcome = _one(pool, leave, _row(tests))
+    # 'fresh' on every test: each saw its own marks (positive control) and none of the last one's.
+    assert outcome.status == "passed", outcome.detail
+
+
+def test_the_compiler_cannot_be_made_to_run_away(pool):
+    laughs = "".join(f"#define L{i} L{i - 1} L{i - 1} L{i - 1} L{i - 1} L{i - 1} L{i - 1} L{i - 1} L{i - 1}\n"
+                     for i in range(1, 14))
+    bomb = "#define L0 x = x + 1;\nint main(){ int x = 0; " + "\n" + laughs + "L13 return x; }\n"
+    recursive = "template<int N> struct F { static const int v = F<N + 1>::v; };\nint main(){ return F<0>::v; }\n"
+    import time
+
+    start = time.monotonic()
+    outcomes = score(pool, GenericTask(), [bomb, recursive, SUM_CPP],
+                     [_row(SUM_TESTS[:1], language="cpp", compile_time_limit=3)] * 3)
+    assert [o.status for o in outcomes] == ["error", "error", "passed"], [o.detail for o in outcomes]
+    assert all(o.detail.startswith("CE:") for o in outcomes[:2])
+    assert time.monotonic() - start < 60
+
+
+def test_a_checker_accepts_any_right_answer_and_its_failures_are_not_the_programs_escape(pool):
+    # Any two numbers that sum to the input: several right answers.
+    checker = textwrap.dedent("""
+        import sys
+        n = int(open(sys.argv[1]).read())
+        got = open(sys.argv[2]).read().split()
+        if got == ['hang']:
+            while True: pass
+        a, b = map(int, got)
+        sys.exit(0 if a + b == n else 1)
+    """)
+    tests = [{"input": "10\n", "output": "5 5\n"}, {"input": "7\n", "output": "3 4\n"}]
+    row = _row(tests, checker=checker)
+    other, wrong, garbage, hang = score(pool, GenericTask(), ["n = int(input())\nprint(1, n - 1)", "print(1, 1)",
+                                                              "print('x y')", "print('hang')"], row)
+    assert other.status == "passed", other.detail
+    assert wrong.status == "failed" and "checker rejected" in wrong.detail
+    # A checker that crashes or hangs on a program's output is that output's failure, never infra.
+    assert garbage.status == "failed" and hang.status == "failed", (garbage.detail, hang.detail)
+    broken = _one(pool, "print(5, 5)", _row(tests, checker="import sys\nsys.exit(3)"))
+    assert broken.status == "infra" and "checker" in broken.detail  # the task itself is broken

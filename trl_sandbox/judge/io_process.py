@@ -1,0 +1,230 @@
+"""Processes for the I/O judge (``judge/io_runner.py``): start one with its limits, follow the CPU
+time of everything it started however it detached, kill and reap all of it, and clean what it left in
+the scratch directories. Standard library only; sent into the sandbox ahead of the runner's own text.
+"""
+
+import os
+import resource
+import signal
+import time
+
+SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def prctl(option, arg):
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(option, arg, 0, 0, 0) == 0
+    except Exception:
+        return False
+
+
+def children(pid):
+    """Every direct child of ``pid`` (over all its threads)."""
+    found = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as fh:
+                found.extend(int(p) for p in fh.read().split())
+        except OSError:
+            pass
+    return found
+
+
+def descendants():
+    """Every process below this one (orphans of a test are our children: we are a subreaper)."""
+    seen, todo = [], children(os.getpid())
+    while todo:
+        pid = todo.pop()
+        if pid not in seen:
+            seen.append(pid)
+            todo.extend(children(pid))
+    return seen
+
+
+def cpu_of(pids):
+    """CPU seconds of the living processes ``pids`` (their own and their reaped children's)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+            total += sum(int(f) for f in fields[11:15])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / TICK
+
+
+def reaped_cpu():
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def kill_all():
+    """Kill and reap every process below this one, however it detached."""
+    for _ in range(10000):
+        pids = descendants()
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        reaped = False
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                break
+            reaped = True
+        if not pids and not reaped:
+            time.sleep(0.001)
+
+
+def scratch_entries(extra=()):
+    """What the scratch directories (and ``extra``) hold now: what a test adds is removed after it."""
+    found = set()
+    for place in SCRATCH + tuple(extra):
+        try:
+            found.update(os.path.join(place, name) for name in os.listdir(place))
+        except OSError:
+            pass
+    return found
+
+
+def remove(path):
+    try:
+        if os.path.isdir(path) and not os.path.islink(path):
+            for name in os.listdir(path):
+                remove(os.path.join(path, name))
+            os.rmdir(path)
+        else:
+            os.unlink(path)
+    except OSError:
+        try:
+            os.chmod(path, 0o700)
+            if os.path.isdir(path) and not os.path.islink(path):
+                for name in os.listdir(path):
+                    remove(os.path.join(path, name))
+                os.rmdir(path)
+        except OSError:
+            pass
+
+
+def input_fd(data):
+    """The test's input as a sealed in-memory file (a pipe where memfd is missing)."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("input", getattr(os, "MFD_ALLOW_SEALING", 2))
+        os.write(fd, data)
+        os.lseek(fd, 0, os.SEEK_SET)
+        try:
+            import fcntl
+
+            fcntl.fcntl(fd, 1033, 1 | 2 | 4 | 8)  # F_ADD_SEALS: seal, shrink, grow, write
+        except Exception:
+            pass
+        return fd
+    read, write = os.pipe()
+    os.write(write, data[:60000])  # a pipe holds 64 KiB; memfd is there on every Linux since 3.17
+    os.close(write)
+    return read
+
+
+def lower(which, value):
+    """Set a limit to ``value``, or keep the sandbox's own where that is lower already."""
+    _, hard = resource.getrlimit(which)
+    if hard != resource.RLIM_INFINITY:
+        value = min(value, hard)
+    resource.setrlimit(which, (value, value))
+
+
+def spawn(argv, cwd, stdin_fd, out_fd, err_fd, cpu, memory_mb, env):
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        os.setsid()
+        os.chdir(cwd)
+        for fd, target in ((stdin_fd, 0), (out_fd, 1), (err_fd, 2)):
+            os.dup2(fd, target)
+        os.closerange(3, 1 << 16)
+        if cpu:  # the tree's total is checked to the tick; this ends one busy process
+            lower(resource.RLIMIT_CPU, int(cpu) + 1)
+        if memory_mb:
+            lower(resource.RLIMIT_AS, memory_mb << 20)
+        lower(resource.RLIMIT_CORE, 0)
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
+            signal.signal(sig, signal.SIG_DFL)
+        os.execvpe(argv[0], argv, env)
+    except BaseException as exc:  # noqa: BLE001 - nothing may return into the runner's code
+        try:
+            os.write(2, f"cannot run {argv[0]}: {exc}\n".encode())
+        finally:
+            os._exit(127)
+    os._exit(127)
+
+
+def run(argv, cwd, data, cpu, memory_mb, wall, out_cap, err_cap, env):
+    """Run one process tree to its end; returns a dict: status, cpu, out, err, why (TLE/OLE/None)."""
+    import select
+
+    stdin_fd = input_fd(data)
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    base = reaped_cpu()
+    start = time.monotonic()
+    pid = spawn(argv, cwd, stdin_fd, out_w, err_w, cpu, memory_mb, env)
+    for fd in (stdin_fd, out_w, err_w):
+        os.close(fd)
+    out, err = bytearray(), bytearray()
+    open_fds = {out_r: (out, out_cap), err_r: (err, err_cap)}
+    status, why = None, None
+    while True:
+        if status is None:
+            try:
+                got, raw = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                got, raw = pid, 255 << 8
+            if got == pid:
+                status = raw
+        if status is not None and not open_fds:
+            break
+        if status is not None and time.monotonic() - start > wall:
+            break  # a leftover process holds the pipes open: it is killed below
+        ready = select.select(list(open_fds), [], [], 0.01)[0] if open_fds else (time.sleep(0.01) or [])
+        for fd in ready:
+            chunk = os.read(fd, 1 << 16)
+            buf, cap = open_fds[fd]
+            if not chunk:
+                os.close(fd)
+                del open_fds[fd]
+                continue
+            buf += chunk[: max(0, cap + 1 - len(buf))]
+            if len(buf) > cap and fd == out_r and why is None:
+                why = "OLE"
+        if why == "OLE":
+            break
+        if time.monotonic() - start > wall:
+            why = "TLE"
+            break
+        if cpu and (reaped_cpu() - base) + cpu_of(descendants()) > cpu:
+            why = "TLE"
+            break
+    kill_all()
+    for fd in open_fds:
+        os.close(fd)
+    used = reaped_cpu() - base
+    if cpu and used > cpu and why is None:
+        why = "TLE"
+    if status is None:
+        status = 9  # killed before it ended
+    return {"status": status, "cpu": used, "wall": time.monotonic() - start, "out": bytes(out),
+            "err": bytes(err), "why": why}

@@ -1,0 +1,257 @@
+"""The judge of whole programs on stdin/stdout, run inside the sandbox (``python3 -I -S -c SOURCE``).
+
+Standard library only, Python 3.8+, Linux. Its stdin is 16 nonce bytes and a JSON payload the host
+wrote (``trl_sandbox.judge.io_verdict``): the program's source, its language's compile and run
+commands, the tests (input and expected output) and the limits. It compiles once, then runs every
+test in a fresh process and decides each test's verdict itself; its one stdout line is
+``MARKER NONCE_HEX JSON``. Why each step is as it is:
+
+* **Nothing of the tests is where a program can read it.** The payload arrives on this process's
+  stdin and stays in its memory; this process is made non-dumpable first, so a program of the same
+  user can neither trace it nor open its ``/proc`` files (memory, file descriptors). A test's input
+  reaches the program as a sealed in-memory file on its stdin, nothing else; the expected output
+  and a checker's answer file exist only after every process of the test is dead.
+* **A test's processes end with the test, however they detached.** This process is a child
+  subreaper: whatever a test starts and orphans becomes our child, so a daemon that left its session
+  is still found, killed and reaped before the next test (or the checker) starts. Its CPU time then
+  counts against the test: the limit is the CPU time of the whole tree, polled while it runs and
+  summed again at the end, so extra processes or cores buy nothing.
+* **Nothing is left for the next test.** Each test runs in an empty directory of its own with a
+  fresh copy of the build (a program cannot patch the binary the next test runs), and every file
+  it left in the scratch directories is removed after it.
+* **The exit status is never trusted** and output is read with a bound (twice the expected size
+  plus 64 KiB): a program that prints a gigabyte is wrong, not a runner out of memory.
+"""
+
+import binascii
+import json
+import os
+import sys
+
+MARKER = "@@trl-sandbox-verdict@@"
+
+if "run" not in globals():
+    # On the host (tests, linters) the process helpers are a module of their own. Sent to a sandbox,
+    # their text runs first (``trl_sandbox.judge.io_verdict``) and has defined these names.
+    from trl_sandbox.judge.io_process import kill_all, prctl, remove, run, scratch_entries
+
+
+def _number(token):
+    try:
+        value = float(token)
+    except ValueError:
+        return None
+    return value if value == value and value not in (float("inf"), float("-inf")) else None
+
+
+def _is_integer(token):
+    return token.lstrip(b"+-").isdigit()
+
+
+def same_tokens(got, want, tolerance):
+    """Whitespace-separated tokens: equal (case-insensitively), or numbers within ``tolerance``
+    (absolute or relative) where either is written as a real number; integers compare exactly."""
+    a, b = got.split(), want.split()
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if x == y or x.lower() == y.lower():
+            continue
+        if _is_integer(x) and _is_integer(y):
+            return False
+        p, q = _number(x), _number(y)
+        if p is None or q is None or abs(p - q) > tolerance * max(1.0, abs(q)):
+            return False
+    return True
+
+
+def same_output(got, want, compare):
+    if compare == "exact":
+        return got == want
+    if compare == "lines":
+        a = [line.strip() for line in got.splitlines()]
+        b = [line.strip() for line in want.splitlines()]
+        while a and not a[-1]:
+            a.pop()
+        while b and not b[-1]:
+            b.pop()
+        return a == b
+    tolerance = 1e-5
+    if compare.startswith("float:"):
+        tolerance = float(compare[6:])
+    return same_tokens(got, want, tolerance)
+
+
+def crash_kind(result):
+    """MLE or RE for a process that failed: an allocation refused under the memory limit is MLE."""
+    text = result["err"][-4096:]
+    for mark in (b"MemoryError", b"bad_alloc", b"out of memory", b"OutOfMemoryError", b"Cannot allocate memory",
+                 b"memory allocation of", b"heap out of memory"):
+        if mark in text:
+            return "MLE"
+    return "RE"
+
+
+def short(data, limit=300):
+    return data[-limit:].decode("utf-8", "replace")
+
+
+def snapshot(root):
+    """Every file of the build (path, bytes, mode): each test gets a fresh copy."""
+    files = []
+    for here, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(here, name)
+            with open(path, "rb") as fh:
+                files.append((os.path.relpath(path, root), fh.read(), os.stat(path).st_mode & 0o755))
+    return files
+
+
+def materialise(files, root):
+    os.makedirs(root, mode=0o700)
+    for rel, data, mode in files:
+        path = os.path.join(root, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as fh:
+            fh.write(data)
+        os.chmod(path, mode | 0o400)
+
+
+class Runner:
+    def __init__(self, payload, work):
+        self.p = payload
+        self.work = work
+        self.count = 0
+        self.env = {"PATH": os.environ.get("PATH") or "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+
+    def fresh_dir(self, name):
+        self.count += 1
+        return os.path.join(self.work, f"{name}-{self.count}")
+
+    def contained(self, argv, files, data, cpu, memory_mb, wall, out_cap, env=None):
+        """Run ``argv`` in a fresh directory holding ``files``; afterwards nothing of it is left."""
+        where = self.fresh_dir("run")
+        before = scratch_entries((self.work,))
+        materialise(files, where)
+        try:
+            return run(argv, where, data, cpu, memory_mb, wall, out_cap, 64 << 10,
+                       {**self.env, "HOME": where, **(env or {})})
+        finally:
+            remove(where)
+            for path in scratch_entries((self.work,)) - before:
+                remove(path)
+
+    def found(self, command, where):
+        if "/" in command:
+            return command.startswith("./") or os.access(command, os.X_OK)
+        return any(os.access(os.path.join(d, command), os.X_OK) for d in self.env["PATH"].split(os.pathsep) if d)
+
+    def build(self, lang, source):
+        """Compile ``source`` (a dict with file and text) with ``lang``; returns (files, error)."""
+        where = self.fresh_dir("build")
+        os.makedirs(where, mode=0o700)
+        with open(os.path.join(where, lang["file"]), "w", encoding="utf-8", errors="surrogateescape") as fh:
+            fh.write(source)
+        missing = [argv[0] for argv in (lang.get("compile"), lang["run"]) if argv and not self.found(argv[0], where)]
+        if missing:  # decided before the program's text is anywhere near a process
+            remove(where)
+            return None, {"ok": False, "kind": "toolchain", "message": f"{missing[0]} is not installed in the sandbox"}
+        try:
+            if lang.get("compile"):
+                limit = float(self.p.get("compile_time") or 10.0)
+                memory = int(self.p.get("compile_memory_mb") or 0) if lang.get("compile_memory", "as") == "as" else 0
+                before = scratch_entries((self.work,))
+                got = run(lang["compile"], where, b"", limit, memory, limit * 3 + 5, 64 << 10, 64 << 10,
+                          {**self.env, "HOME": where, **lang.get("env", {})})
+                for path in scratch_entries((self.work,)) - before:
+                    remove(path)
+                if got["why"] == "TLE":
+                    return None, {"ok": False, "kind": "CE", "message": f"compilation took over {limit:g} s of CPU"}
+                if got["status"] != 0:
+                    return None, {"ok": False, "kind": "CE", "message": short(got["err"] + got["out"], 2000)}
+            return snapshot(where), {"ok": True}
+        finally:
+            remove(where)
+
+    def judge(self, index, test, files, checker_files):
+        lang, p = self.p["lang"], self.p
+        want = test["output"].encode("utf-8", "surrogateescape")
+        limit = float(test.get("time_limit") or p["time_limit"])
+        memory = int(test.get("memory_mb") or p["memory_mb"])
+        argv = [a.replace("{memory_mb}", str(memory)) for a in lang["run"]]
+        got = self.contained(argv, files, test["input"].encode("utf-8", "surrogateescape"), limit,
+                             memory if lang.get("memory", "as") == "as" else 0,
+                             max(limit * 2, limit + 1.0), 2 * len(want) + (64 << 10), lang.get("env"))
+        verdict = {"cpu": round(got["cpu"], 4)}
+        if got["why"] == "TLE":
+            return {**verdict, "v": "TLE", "detail": f"over {limit:g} s"}
+        if got["why"] == "OLE":
+            return {**verdict, "v": "WA", "detail": "output limit exceeded"}
+        raw = got["status"]
+        if raw != 0:
+            kind = crash_kind(got)
+            what = f"signal {os.WTERMSIG(raw)}" if os.WIFSIGNALED(raw) else f"exit status {raw >> 8}"
+            return {**verdict, "v": kind, "detail": f"{what}: {short(got['err'])}"}
+        if checker_files is None:
+            ok = same_output(got["out"], want, p.get("compare") or "tokens")
+            return {**verdict, "v": "AC" if ok else "WA", "detail": "" if ok else "wrong answer"}
+        return {**verdict, **self.check(index, test, got["out"], want, checker_files)}
+
+    def check(self, index, test, out, want, checker_files):
+        """The dataset's checker (testlib's convention: ``checker input output answer``; exit 0
+        accepts, 1 or 2 rejects, anything else is the checker's own failure). It runs after every
+        process of the test is dead, so the answer file is never within the program's reach."""
+        files = list(checker_files) + [("input.txt", test["input"].encode("utf-8", "surrogateescape"), 0o600),
+                                       ("output.txt", out, 0o600), ("answer.txt", want, 0o600)]
+        got = self.contained(self.p["checker"]["run"] + ["input.txt", "output.txt", "answer.txt"], files, b"", 30.0,
+                             0, 60.0, 64 << 10, self.p["checker"].get("env"))
+        code = got["status"] >> 8 if os.WIFEXITED(got["status"]) and not got["why"] else -1
+        if code == 0:
+            return {"v": "AC", "detail": ""}
+        if code in (1, 2):
+            return {"v": "WA", "detail": f"the checker rejected it: {short(got['out'] + got['err'], 200)}"}
+        if out != want and self.check(index, test, want, want, checker_files)["v"] == "AC":
+            # The checker broke on this output only (a crash, a hang): the output's fault, not the task's.
+            return {"v": "WA", "detail": f"the checker failed on this output ({got['why'] or code})"}
+        raise CheckerBroken(f"the checker failed on test {index + 1} with the expected answer as the output "
+                            f"({got['why'] or code}): {short(got['out'] + got['err'], 300)}")
+
+
+class CheckerBroken(Exception):
+    pass
+
+
+def main():
+    data = sys.stdin.buffer.read()
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    nonce, payload = data[:16], json.loads(data[16:].decode("utf-8", "surrogateescape"))
+    del data
+    nondumpable = prctl(4, 0)  # PR_SET_DUMPABLE
+    prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
+    verdict = {"v": 1, "nondumpable": nondumpable, "tests": []}
+    work = os.path.abspath(os.getcwd())
+    runner = Runner(payload, work)
+    try:
+        files, verdict["load"] = runner.build(payload["lang"], payload["source"])
+        checker = None
+        if files is not None and payload.get("checker"):
+            checker, answer = runner.build(payload["checker"], payload["checker"]["source"])
+            if checker is None:
+                raise CheckerBroken(f"the checker does not compile: {answer.get('message', '')}")
+        if files is not None:
+            failed = False
+            for index, test in enumerate(payload["tests"]):
+                if failed and payload.get("stop_on_fail"):
+                    verdict["tests"].append({"v": "skipped", "cpu": 0})
+                    continue
+                verdict["tests"].append(runner.judge(index, test, files, checker))
+                failed = failed or verdict["tests"][-1]["v"] != "AC"
+    except CheckerBroken as exc:
+        verdict["task_error"] = str(exc)
+    kill_all()
+    line = MARKER + " " + binascii.hexlify(nonce).decode() + " " + json.dumps(verdict) + "\n"
+    os.write(1, line.encode())
+
+
+if __name__ == "__main__":
+    main()
