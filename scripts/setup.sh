@@ -7,6 +7,8 @@
 #   PYTHON       interpreter to build the venv with (default: python3)
 #   EXTRAS       extras of trl-sandbox to install (default: test)
 #   VENV         the virtual environment to build (default: .venv)
+#   IO_LANGUAGES the I/O judge's other languages to install besides Python and C/C++, comma-separated
+#                (java, rust, go, javascript), e.g. IO_LANGUAGES=java,rust bash scripts/setup.sh
 #   SCOPE        full (default): the project with every dependency, torch included;
 #                core: the project and its plugins without torch/trl/transformers, for the
 #                torch-free tests (import, CLI, scoring, content fuzz) on other Pythons
@@ -40,6 +42,22 @@ if ! command -v bwrap >/dev/null 2>&1; then
   echo "setup: installing bubblewrap (the local sandbox)" >&2
   system_install bubblewrap bubblewrap
 fi
+
+# 1b. g++ and gcc, for C++ and C programs judged on stdin/stdout; other languages on request.
+if ! command -v g++ >/dev/null 2>&1; then
+  echo "setup: installing g++ (C and C++ programs for the I/O judge)" >&2
+  system_install g++ gcc-c++
+fi
+for language in $(echo "${IO_LANGUAGES:-}" | tr ',' ' '); do
+  case "$language" in
+    java) command -v javac >/dev/null 2>&1 || system_install default-jdk-headless java-latest-openjdk-devel ;;
+    rust) command -v rustc >/dev/null 2>&1 || system_install rustc rust ;;
+    go) command -v go >/dev/null 2>&1 || system_install golang golang ;;
+    javascript|js|node) command -v node >/dev/null 2>&1 || system_install nodejs nodejs ;;
+    python|cpp|c) ;;
+    *) echo "setup: IO_LANGUAGES: unknown language '$language' (java, rust, go, javascript)" >&2; exit 2 ;;
+  esac
+done
 
 # 2. The virtual environment (Debian's system Python needs python3-venv for it).
 if [ ! -x "$VENV/bin/python" ]; then

@@ -219,3 +219,44 @@ def test_a_checker_accepts_any_right_answer_and_its_failures_are_not_the_program
     assert garbage.status == "failed" and hang.status == "failed", (garbage.detail, hang.detail)
     broken = _one(pool, "print(5, 5)", _row(tests, checker="import sys\nsys.exit(3)"))
     assert broken.status == "infra" and "checker" in broken.detail  # the task itself is broken
+
+
+SUM_IN = {
+    "python": SUM_PY,
+    "cpp": SUM_CPP,
+    "c": SUM_C,
+    "java": "import java.util.*;\npublic class Sum { public static void main(String[] a) {\n"
+            "  Scanner s = new Scanner(System.in); long x = s.nextLong(), y = s.nextLong(); System.out.println(x + y); } }\n",
+    "javascript": "const v = require('fs').readFileSync(0, 'utf8').trim().split(/\\s+/).map(Number);\nconsole.log(v[0] + v[1]);\n",
+    "rust": "use std::io::Read;\nfn main() { let mut s = String::new(); std::io::stdin().read_to_string(&mut s).unwrap();\n"
+            "  let v: Vec<i64> = s.split_whitespace().map(|x| x.parse().unwrap()).collect(); println!(\"{}\", v[0] + v[1]); }\n",
+    "go": "package main\nimport \"fmt\"\nfunc main() { var a, b int64; fmt.Scan(&a, &b); fmt.Println(a + b) }\n",
+}
+
+
+def _minus(source):
+    for plus, minus in (("a + b", "a - b"), ("a+b", "a-b"), ("x + y", "x - y"), ("v[0] + v[1]", "v[0] - v[1]")):
+        source = source.replace(plus, minus)
+    return source
+
+
+def test_every_language_is_judged_or_reported_missing_never_scored_wrong(pool):
+    """Each built-in language: where its toolchain is installed (Python, C and C++ always: setup.sh
+    installs them) an honest program passes and a wrong one fails; where it is not, the outcome
+    is ``infra`` naming the command (the model's program is not to blame), never ``error``."""
+    import shutil
+
+    from trl_sandbox.judge.languages import languages
+    from trl_sandbox.local.command import LOCAL_PATH
+
+    names = sorted(SUM_IN)
+    assert names == languages().names() or set(names) <= set(languages().names())
+    honest = score(pool, GenericTask(), [SUM_IN[n] for n in names], [_row(SUM_TESTS[:3], language=n) for n in names])
+    wrong = score(pool, GenericTask(), [_minus(SUM_IN[n]) for n in names], [_row(SUM_TESTS[:3], language=n) for n in names])
+    installed = {n for n in names if not languages().get(n).missing(lambda t: shutil.which(t, path=LOCAL_PATH))}
+    assert {"python", "cpp", "c"} <= installed
+    for name, good, bad in zip(names, honest, wrong):
+        if name in installed:
+            assert (good.status, bad.status) == ("passed", "failed"), (name, good.detail, bad.detail)
+        else:
+            assert good.status == bad.status == "infra" and "not installed" in good.detail, (name, good.detail)

@@ -363,3 +363,23 @@ def test_a_sandbox_environment_factory_gets_the_trainers_pool_and_no_transcript_
         finally:
             trainer.close_sandboxes()
     assert built["factory"].max_attempts == 2 and built["class"].max_attempts is None
+
+
+def test_a_language_without_its_toolchain_fails_at_construction(tmp_path, monkeypatch):
+    from trl_sandbox.judge.languages import Language, languages
+
+    table = languages()
+    monkeypatch.setattr(table, "_by_name", dict(table._by_name))
+    monkeypatch.setattr(table, "_alias", dict(table._alias))
+    table.register(Language("pascal", "main.pas", ("./main",), ("trl-sandbox-no-fpc", "main.pas"),
+                            toolchain=("trl-sandbox-no-fpc",), package="fp-compiler"))
+    args = SandboxGRPOConfig(**tiny.grpo_kwargs(tmp_path), sandbox_provider="local")
+    rows = [{"prompt": "sum", "task_id": "s", "tests": [{"input": "1 2\n", "output": "3\n"}], "language": lang}
+            for lang in ("cpp", "pascal")]
+    with pytest.raises(ConfigError, match="install fp-compiler"):
+        SandboxGRPOTrainer(model=tiny.model(), args=args, train_dataset=Dataset.from_list(rows),
+                           processing_class=tiny.tokenizer())
+    # Positive control: the same dataset without the missing language builds (g++ is installed).
+    trainer = SandboxGRPOTrainer(model=tiny.model(), args=args, train_dataset=Dataset.from_list(rows[:1]),
+                                 processing_class=tiny.tokenizer())
+    trainer.sandbox_pool.close()

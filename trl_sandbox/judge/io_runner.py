@@ -191,7 +191,7 @@ class Runner:
         if raw != 0:
             kind = crash_kind(got)
             what = f"signal {os.WTERMSIG(raw)}" if os.WIFSIGNALED(raw) else f"exit status {raw >> 8}"
-            return {**verdict, "v": kind, "detail": f"{what}: {short(got['err'])}"}
+            return {**verdict, "v": kind, "detail": f"{what}: {short(got['err'] or got['out'], 1500)}"}
         if checker_files is None:
             ok = same_output(got["out"], want, p.get("compare") or "tokens")
             return {**verdict, "v": "AC" if ok else "WA", "detail": "" if ok else "wrong answer"}

@@ -51,6 +51,9 @@ class Language:
         return [tool for tool in self.toolchain if not which(tool)]
 
 
+# glibc reserves 64 MiB of address space per thread's malloc arena: a JVM's dozen threads would
+# spend the sandbox's whole address-space limit on reservations.
+_JAVA_ENV = (("MALLOC_ARENA_MAX", "2"),)
 _GO_ENV = (("GOCACHE", "/tmp/go-cache"), ("GOPATH", "/tmp/go"), ("GOFLAGS", "-mod=mod"), ("CGO_ENABLED", "0"))
 
 BUILTIN: tuple[Language, ...] = (
@@ -60,9 +63,15 @@ BUILTIN: tuple[Language, ...] = (
              toolchain=("g++",), package="g++", aliases=("c++", "cpp17", "c++17", "cxx", "gnu c++", "cc")),
     Language("c", "main.c", ("./main",), ("gcc", "-std=gnu11", "-O2", "-pipe", "-o", "main", "main.c", "-lm"),
              toolchain=("gcc",), package="gcc"),
-    Language("java", "Main.java", ("java", "-Xmx{memory_mb}m", "-Xss64m", "-XX:+UseSerialGC", "-cp", ".", "{class}"),
-             ("javac", "-J-Xmx512m", "-encoding", "UTF-8", "{file}"), toolchain=("java", "javac"),
-             package="default-jdk", memory="flag", compile_memory="none", class_name=True, aliases=("java8", "java11", "java17")),
+    # Few threads (a sandbox caps processes, and threads count): a serial collector, one JIT thread.
+    Language("java", "Main.java", ("java", "-Xmx{memory_mb}m", "-Xss16m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+                                   "-XX:CICompilerCount=1", "-XX:CompressedClassSpaceSize=64m", "-XX:ReservedCodeCacheSize=32m",
+                                   "-cp", ".",
+                                   "{class}"),
+             ("javac", "-J-Xmx512m", "-J-XX:+UseSerialGC", "-J-XX:TieredStopAtLevel=1", "-J-XX:CICompilerCount=1", "-J-XX:CompressedClassSpaceSize=64m",
+              "-J-XX:ReservedCodeCacheSize=64m",
+              "-encoding", "UTF-8", "{file}"), toolchain=("java", "javac"),
+             package="default-jdk-headless", memory="flag", compile_memory="none", class_name=True, env=_JAVA_ENV, aliases=("java8", "java11", "java17")),
     Language("rust", "main.rs", ("./main",), ("rustc", "-O", "--edition", "2021", "-o", "main", "main.rs"),
              toolchain=("rustc",), package="rustc", aliases=("rs",), compile_memory="none"),
     Language("go", "main.go", ("./main",), ("go", "build", "-o", "main", "main.go"), toolchain=("go",),

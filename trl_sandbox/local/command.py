@@ -12,6 +12,7 @@ it needs to give every program a clean kernel and every lease fresh mounts; prog
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import subprocess
@@ -29,6 +30,7 @@ SUPERVISOR_DIR = Path(__file__).with_name("supervisor")
 # Inside the sandbox: the package under a name no program's module shadows, and its entry script.
 SUPERVISOR_PACKAGE = "/.trl-sandbox/_trl_sandbox_supervisor"
 SUPERVISOR_PATH = "/.trl-sandbox/supervisor.py"
+LOCAL_PATH = "/usr/local/bin:/usr/bin:/bin"  # a program's PATH in the sandbox (which binds /usr)
 SUPERVISOR_ENTRY = b"from _trl_sandbox_supervisor.main import main\nmain()\n"
 
 # The writable tmpfs mounts of a sandbox: replaced by reset(), never the target of a bind.
@@ -39,6 +41,9 @@ ETC_FILES = (
     "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives",
     "/etc/localtime", "/etc/nsswitch.conf",
 )
+# Toolchain configuration the I/O judge's languages read at start (the JDK's security and logging
+# files live under /etc on Debian): configuration of the toolchain, nothing of the host's.
+ETC_TOOLCHAIN_GLOBS = ("/etc/java-*-openjdk",)
 
 INSTALL_HINT = (
     "install bubblewrap: `apt-get install bubblewrap` (Debian/Ubuntu), `dnf install bubblewrap` "
@@ -133,7 +138,7 @@ class Command:
                 args += ["--symlink", os.readlink(d), d]
             elif os.path.isdir(d):
                 args += ["--ro-bind", d, d]
-        for path in ETC_FILES:
+        for path in (*ETC_FILES, *sorted(p for g in ETC_TOOLCHAIN_GLOBS for p in glob.glob(g))):
             if os.path.exists(path):
                 args += ["--ro-bind", path, path]
         for src, dest in self.binds:
@@ -163,7 +168,7 @@ class Command:
         return args, fds
 
     def env(self, spec_env: Mapping[str, str]) -> dict[str, str]:
-        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": self.work_dir, "LANG": "C.UTF-8"}
+        env = {"PATH": LOCAL_PATH, "HOME": self.work_dir, "LANG": "C.UTF-8"}
         for key, value in spec_env.items():
             if not isinstance(key, str) or not key or "=" in key or "\0" in key or "\0" in str(value):
                 raise ConfigError(f"SandboxSpec.env: invalid variable {key!r}")

@@ -204,3 +204,32 @@ def io_task_of(row: Mapping[str, Any]) -> IOTask:
     while len(_CACHE) > _CACHE_ENTRIES:
         _CACHE.popitem(last=False)
     return task
+
+
+def named_languages(dataset: Any, rows: int = 2000) -> set[str]:
+    """The program languages a dataset's rows name (their ``language`` column or their layout's)."""
+    names: set[str] = set()
+    columns = getattr(dataset, "column_names", None) or []
+    if "language" in columns and hasattr(dataset, "unique"):
+        names.update(str(v) for v in dataset.unique("language") if v)
+    if "verification_info" in columns:
+        for value in dataset.select(range(min(rows, len(dataset))))["verification_info"]:
+            info = _json(value, "verification_info", None) if value else None
+            if isinstance(info, Mapping) and info.get("language"):
+                names.add(str(info["language"]))
+    return names
+
+
+def check_io_toolchains(dataset: Any, path: str) -> None:
+    """``ConfigError`` at construction when a language the dataset names has no toolchain on ``path``
+    (the local sandbox sees the host's ``/usr``: what is missing here is missing there)."""
+    import shutil
+
+    from trl_sandbox.judge.languages import check_toolchain, languages
+
+    if dataset is None:
+        return
+    parts = dataset.values() if isinstance(getattr(dataset, "column_names", None), dict) else [dataset]
+    for part in parts:
+        for name in sorted(named_languages(part)):
+            check_toolchain(languages().get(name), which=lambda tool: shutil.which(tool, path=path))

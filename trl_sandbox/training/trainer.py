@@ -25,11 +25,13 @@ from typing import Any
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
+from trl_sandbox.local.command import LOCAL_PATH
 from trl_sandbox.plugins import make_provider
 from trl_sandbox.pool.sandbox_pool import PoolSettings, SandboxPool
 from trl_sandbox.pool.tags import MADE_BY_TAG, RunInfo, collect_tags, new_run_id
 from trl_sandbox.sandbox import STATUSES, TASK_COLUMN, ConfigError
 from trl_sandbox.scoring.scorer import Scorer
+from trl_sandbox.tasks.io_layouts import check_io_toolchains
 from trl_sandbox.tasks.resolve import resolve_task
 from trl_sandbox.training.config import SandboxGRPOConfig, parse_mapping  # noqa: F401  (public from here too)
 from trl_sandbox.training.environment import JUDGE_HEADROOM, EpisodeTally, SandboxEnvironment
@@ -160,6 +162,9 @@ class SandboxGRPOTrainer(GRPOTrainer):
 
         # Build the provider now: a missing binary or API key must fail here, not after an hour.
         provider = make_provider(args.sandbox_provider, dict(args.sandbox_provider_settings))
+        if getattr(provider, "name", "") == "local":  # remote images bring their own toolchains
+            for dataset in (train_dataset, eval_dataset):
+                check_io_toolchains(dataset, LOCAL_PATH)
         self.sandbox_pool = SandboxPool(
             provider,
             spec=args.sandbox_spec(),
