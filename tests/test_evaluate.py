@@ -155,3 +155,28 @@ def test_evaluate_all_164_canonical_wrong_and_tricks(tmp_path, capsys):
     assert all(r["passed"] for r in results if r["kind"] == "canonical")
     assert not any(r["passed"] for r in results if r["kind"] == "wrong")
     assert not any(r["passed"] for r in results if r["kind"] == "trick")
+
+
+def test_io_rows_in_python_and_cpp_from_a_file(tmp_path, capsys):
+    tests = [{"input": f"{i} {i * 3}\n", "output": f"{i * 4}\n"} for i in range(1, 4)]
+    tasks = write_jsonl(tmp_path / "rows.jsonl", [
+        {"task_id": "sum", "tests": tests},
+        {"task_id": "sum-cpp", "tests": tests, "language": "cpp"},
+        # CodeContests' own layout, as published.
+        {"task_id": "sum-cc", "public_tests": {"input": [t["input"] for t in tests], "output": [t["output"] for t in tests]},
+         "time_limit": {"seconds": 2, "nanos": 0}, "memory_limit_bytes": 256 << 20},
+    ])
+    cpp = "#include <iostream>\nint main(){long a,b;std::cin>>a>>b;std::cout<<a+b<<std::endl;}\n"
+    samples = write_jsonl(tmp_path / "samples.jsonl", [
+        {"task_id": "sum", "completion": "```python\na, b = map(int, input().split())\nprint(a + b)\n```"},
+        {"task_id": "sum", "completion": "print(0)"},
+        {"task_id": "sum-cpp", "completion": f"Here it is:\n```cpp\n{cpp}```\n"},
+        {"task_id": "sum-cpp", "completion": "```cpp\nint main() { return 1; }\n```"},
+        {"task_id": "sum-cc", "completion": f"```c++\n{cpp}```"},
+    ])
+    out = tmp_path / "out.jsonl"
+    assert main(["evaluate", str(samples), "--tasks", str(tasks), "--output", str(out)]) == 0
+    results = read_jsonl(out)
+    assert [r["status"] for r in results] == ["passed", "failed", "passed", "error", "passed"]
+    assert "RE 3" in results[3]["result"]
+    assert [r["tests_total"] for r in results] == [3] * 5

@@ -260,3 +260,79 @@ def test_every_language_is_judged_or_reported_missing_never_scored_wrong(pool):
             assert (good.status, bad.status) == ("passed", "failed"), (name, good.detail, bad.detail)
         else:
             assert good.status == bad.status == "infra" and "not installed" in good.detail, (name, good.detail)
+
+
+MEMORY_SCAN = textwrap.dedent("""
+    import ctypes, gc, sys
+    ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # dumpable again: its own /proc/self/mem is readable
+    data = sys.stdin.read()
+    # Each secret in two halves, never joined here: only a copy made elsewhere holds it whole.
+    halves = {halves!r}
+    def has(blob, head, tail):
+        at = blob.find(head)
+        while at >= 0:
+            if blob[at + len(head):at + len(head) + len(tail)] == tail:
+                return True
+            at = blob.find(head, at + 1)
+        return False
+    found = set()
+    def look(blob):
+        for n, (head, tail) in enumerate(halves):
+            if isinstance(blob, bytes):
+                head, tail = head.encode(), tail.encode()
+            if has(blob, head, tail):
+                found.add(n)
+    for obj in gc.get_objects():
+        if isinstance(obj, (dict, list, tuple)):
+            look(repr(obj))
+    frame = sys._getframe()
+    while frame is not None:
+        look(repr(list(frame.f_locals.values()))[:1 << 22])
+        frame = frame.f_back
+    with open('/proc/self/maps') as maps, open('/proc/self/mem', 'rb', 0) as mem:
+        for line in maps:
+            parts = line.split()
+            if 'r' not in parts[1] or (len(parts) > 5 and parts[5].startswith('[v')):
+                continue
+            start, end = (int(x, 16) for x in parts[0].split('-'))
+            try:
+                mem.seek(start)
+                look(mem.read(min(end - start, 64 << 20)))
+            except (OSError, ValueError, OverflowError):
+                continue
+    print(' '.join(str(n) for n in sorted(found)) or 'none')
+""")
+
+
+def test_the_warm_interpreter_holds_nothing_of_the_tests(pool):
+    """Python tests run in forks of a warm interpreter: a program that searches its own memory
+    (objects, the frames it was called from, every readable mapping) finds its own input only."""
+    mine, other_input, expected = (secrets.token_hex(8) for _ in range(3))
+    program = MEMORY_SCAN.format(halves=[(s[:8], s[8:]) for s in (mine, other_input, expected)])
+    # Secret 0 is test 1's input (in reach: the positive control), secret 1 test 2's input (in
+    # reach of test 2 only), secret 2 test 4's expected output (never in reach). The runner holds
+    # every test before the first runs; each test passes only if the search found what it should.
+    tests = [{"input": f"{mine}\n", "output": "0\n"}, {"input": f"{other_input}\n", "output": "1\n"},
+             {"input": "\n", "output": "none\n"}, {"input": "\n", "output": f"{expected}\n"}]
+    outcome = _one(pool, program, _row(tests, compare="lines", time_limit=10))
+    assert outcome.tests == (True, True, True, False), outcome.detail
+
+
+def test_a_program_that_kills_or_stops_the_warm_interpreter_only_loses_its_own_time(pool):
+    import time
+
+    for how in ("SIGKILL", "SIGSTOP"):
+        attack = textwrap.dedent(f"""
+            import os, signal, sys
+            n = int(input())
+            if n == 1:
+                os.kill(os.getppid(), signal.{how})
+            print(n * 2)
+        """)
+        tests = [{"input": f"{n}\n", "output": f"{n * 2}\n"} for n in (1, 2, 3, 4)]
+        start = time.monotonic()
+        outcome = _one(pool, attack, _row(tests, time_limit=1.0))
+        assert outcome.status != "infra", outcome.detail
+        # The tests after the attack are judged (each a fresh interpreter now), and pass.
+        assert outcome.tests[1:] == (True, True, True), (how, outcome.detail)
+        assert time.monotonic() - start < 30

@@ -67,26 +67,41 @@ def reaped_cpu():
     return usage.ru_utime + usage.ru_stime
 
 
-def kill_all():
-    """Kill and reap every process below this one, however it detached."""
-    for _ in range(10000):
-        pids = descendants()
+def zombie(pid):
+    """Dead and waiting to be reaped (by a helper that may be stopped): nothing left to kill."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+    except (OSError, IndexError):
+        return True
+
+
+def kill_all(spare=()):
+    """Kill and reap every process below this one, however it detached, but the helpers ``spare``
+    (a process a helper reaps itself is waited for until it has). Returns the helpers that had
+    died and were reaped here: their numbers are free for reuse from now on."""
+    spared, gone = set(spare), []
+    for _ in range(100000):
+        pids = [p for p in descendants() if p not in spared and not zombie(p)]
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-        reaped = False
         while True:
             try:
                 pid, _ = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
-                return
+                return gone
             if pid == 0:
                 break
-            reaped = True
-        if not pids and not reaped:
-            time.sleep(0.001)
+            if pid in spared:
+                spared.discard(pid)
+                gone.append(pid)
+        if not pids:
+            return gone
+        time.sleep(0.0005)
+    return gone
 
 
 def scratch_entries(extra=()):
@@ -146,34 +161,69 @@ def lower(which, value):
     resource.setrlimit(which, (value, value))
 
 
-def spawn(argv, cwd, stdin_fd, out_fd, err_fd, cpu, memory_mb, env):
-    pid = os.fork()
-    if pid:
-        return pid
-    try:
-        os.setsid()
-        os.chdir(cwd)
-        for fd, target in ((stdin_fd, 0), (out_fd, 1), (err_fd, 2)):
-            os.dup2(fd, target)
-        os.closerange(3, 1 << 16)
-        if cpu:  # the tree's total is checked to the tick; this ends one busy process
-            lower(resource.RLIMIT_CPU, int(cpu) + 1)
-        if memory_mb:
-            lower(resource.RLIMIT_AS, memory_mb << 20)
-        lower(resource.RLIMIT_CORE, 0)
-        for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
-            signal.signal(sig, signal.SIG_DFL)
-        os.execvpe(argv[0], argv, env)
-    except BaseException as exc:  # noqa: BLE001 - nothing may return into the runner's code
+def enter(cwd, stdin_fd, out_fd, err_fd, cpu, memory_mb):
+    """In a new child: its own session, directory, standard streams and limits; nothing else open."""
+    os.setsid()
+    os.chdir(cwd)
+    for fd, target in ((stdin_fd, 0), (out_fd, 1), (err_fd, 2)):
+        os.dup2(fd, target)
+    os.closerange(3, 1 << 16)
+    if cpu:  # the tree's total is checked to the tick; this ends one busy process
+        lower(resource.RLIMIT_CPU, int(cpu) + 1)
+    if memory_mb:
+        lower(resource.RLIMIT_AS, memory_mb << 20)
+    lower(resource.RLIMIT_CORE, 0)
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+
+
+class Cold:
+    """A program started by ``execve`` in a child of the runner."""
+
+    def __init__(self, argv, env):
+        self.argv, self.env, self.pidfd = argv, env, None
+
+    def start(self, cwd, stdin_fd, out_fd, err_fd, cpu, memory_mb):
+        self.pid = os.fork()
+        if self.pid:
+            return self.pid
         try:
-            os.write(2, f"cannot run {argv[0]}: {exc}\n".encode())
-        finally:
-            os._exit(127)
-    os._exit(127)
+            enter(cwd, stdin_fd, out_fd, err_fd, cpu, memory_mb)
+            os.execvpe(self.argv[0], self.argv, self.env)
+        except BaseException as exc:  # noqa: BLE001 - nothing may return into the runner's code
+            try:
+                os.write(2, f"cannot run {self.argv[0]}: {exc}\n".encode())
+            finally:
+                os._exit(127)
+        os._exit(127)
+
+    def waitable(self):
+        """Descriptors that become readable when the program ends (a pidfd where there is one)."""
+        if self.pidfd is None and hasattr(os, "pidfd_open"):
+            try:
+                self.pidfd = os.pidfd_open(self.pid)
+            except OSError:
+                self.pidfd = -1
+        return [self.pidfd] if self.pidfd is not None and self.pidfd >= 0 else []
+
+    def poll(self, final=False):
+        """(wait status, CPU seconds that ``reaped_cpu`` does not count) once it ended, else None;
+        ``final``: it has been killed and reaped already, when not before."""
+        try:
+            got, raw = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            got, raw = self.pid, 9  # reaped by ``kill_all``: it was killed
+        if got != self.pid:
+            return None
+        if self.pidfd is not None and self.pidfd >= 0:
+            os.close(self.pidfd)
+        self.pidfd = None
+        return raw, 0.0
 
 
-def run(argv, cwd, data, cpu, memory_mb, wall, out_cap, err_cap, env):
-    """Run one process tree to its end; returns a dict: status, cpu, out, err, why (TLE/OLE/None)."""
+def run(starter, cwd, data, cpu, memory_mb, wall, out_cap, err_cap, spare=()):
+    """Run one process tree to its end; returns a dict: status, cpu, out, err, why (TLE/OLE/None).
+    ``starter`` is ``Cold`` or the warm interpreter; ``spare`` the runner's own helpers."""
     import select
 
     stdin_fd = input_fd(data)
@@ -181,26 +231,33 @@ def run(argv, cwd, data, cpu, memory_mb, wall, out_cap, err_cap, env):
     err_r, err_w = os.pipe()
     base = reaped_cpu()
     start = time.monotonic()
-    pid = spawn(argv, cwd, stdin_fd, out_w, err_w, cpu, memory_mb, env)
-    for fd in (stdin_fd, out_w, err_w):
-        os.close(fd)
+    try:
+        starter.start(cwd, stdin_fd, out_w, err_w, cpu, memory_mb)
+    except OSError:
+        os.close(out_r)
+        os.close(err_r)
+        raise
+    finally:
+        for fd in (stdin_fd, out_w, err_w):
+            os.close(fd)
+    extra = 0.0
     out, err = bytearray(), bytearray()
     open_fds = {out_r: (out, out_cap), err_r: (err, err_cap)}
     status, why = None, None
     while True:
         if status is None:
-            try:
-                got, raw = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                got, raw = pid, 255 << 8
-            if got == pid:
-                status = raw
+            ended = starter.poll()
+            if ended is not None:
+                status, extra = ended
         if status is not None and not open_fds:
             break
         if status is not None and time.monotonic() - start > wall:
             break  # a leftover process holds the pipes open: it is killed below
-        ready = select.select(list(open_fds), [], [], 0.01)[0] if open_fds else (time.sleep(0.01) or [])
+        # Wake on output, on the program's end (``starter.waitable``) or every 10 ms for the CPU check.
+        ready = select.select(list(open_fds) + ([] if status is not None else starter.waitable()), [], [], 0.01)[0]
         for fd in ready:
+            if fd not in open_fds:
+                continue
             chunk = os.read(fd, 1 << 16)
             buf, cap = open_fds[fd]
             if not chunk:
@@ -215,16 +272,18 @@ def run(argv, cwd, data, cpu, memory_mb, wall, out_cap, err_cap, env):
         if time.monotonic() - start > wall:
             why = "TLE"
             break
-        if cpu and (reaped_cpu() - base) + cpu_of(descendants()) > cpu:
+        if cpu and (reaped_cpu() - base) + extra + cpu_of([p for p in descendants() if p not in spare]) > cpu:
             why = "TLE"
             break
-    kill_all()
+    if kill_all(spare) and hasattr(starter, "reaped"):
+        starter.reaped()
+    if status is None:
+        ended = starter.poll(final=True)
+        status, extra = ended if ended is not None else (9, extra)  # killed before it ended
     for fd in open_fds:
         os.close(fd)
-    used = reaped_cpu() - base
+    used = reaped_cpu() - base + extra
     if cpu and used > cpu and why is None:
         why = "TLE"
-    if status is None:
-        status = 9  # killed before it ended
     return {"status": status, "cpu": used, "wall": time.monotonic() - start, "out": bytes(out),
             "err": bytes(err), "why": why}

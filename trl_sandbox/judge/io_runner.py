@@ -26,14 +26,14 @@ test in a fresh process and decides each test's verdict itself; its one stdout l
 import binascii
 import json
 import os
-import sys
 
 MARKER = "@@trl-sandbox-verdict@@"
 
 if "run" not in globals():
     # On the host (tests, linters) the process helpers are a module of their own. Sent to a sandbox,
     # their text runs first (``trl_sandbox.judge.io_verdict``) and has defined these names.
-    from trl_sandbox.judge.io_process import kill_all, prctl, remove, run, scratch_entries
+    from trl_sandbox.judge.io_process import Cold, kill_all, prctl, remove, run, scratch_entries
+    from trl_sandbox.judge.io_warm import WARM_ARGV, Warm, WarmGone
 
 
 def _number(token):
@@ -118,24 +118,38 @@ def materialise(files, root):
 
 
 class Runner:
-    def __init__(self, payload, work):
+    def __init__(self, payload, work, warm=None):
         self.p = payload
         self.work = work
         self.count = 0
         self.env = {"PATH": os.environ.get("PATH") or "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+        lang = payload["lang"]
+        self.warm = warm
+        if not (warm is not None and lang["run"] == WARM_ARGV and not lang.get("compile") and payload.get("warm", True)
+                and warm.load(payload["source"], {**self.env, **lang.get("env", {})})):
+            if warm is not None:
+                warm.stop()
+            self.warm = None
 
     def fresh_dir(self, name):
         self.count += 1
         return os.path.join(self.work, f"{name}-{self.count}")
 
-    def contained(self, argv, files, data, cpu, memory_mb, wall, out_cap, env=None):
-        """Run ``argv`` in a fresh directory holding ``files``; afterwards nothing of it is left."""
+    def contained(self, argv, files, data, cpu, memory_mb, wall, out_cap, env=None, warm=None):
+        """Run ``argv`` (or the ``warm`` interpreter) in a fresh directory holding ``files``;
+        afterwards nothing of it is left."""
         where = self.fresh_dir("run")
         before = scratch_entries((self.work,))
         materialise(files, where)
+        spare = (warm.pid,) if warm is not None and warm.ready else ()
         try:
-            return run(argv, where, data, cpu, memory_mb, wall, out_cap, 64 << 10,
-                       {**self.env, "HOME": where, **(env or {})})
+            if spare:
+                try:
+                    return run(warm, where, data, cpu, memory_mb, wall, out_cap, 64 << 10, spare)
+                except WarmGone:
+                    pass  # the zygote is gone before the test started: this test and the rest start cold
+            return run(Cold(argv, {**self.env, "HOME": where, **(env or {})}), where, data, cpu, memory_mb, wall,
+                       out_cap, 64 << 10)
         finally:
             remove(where)
             for path in scratch_entries((self.work,)) - before:
@@ -161,8 +175,8 @@ class Runner:
                 limit = float(self.p.get("compile_time") or 10.0)
                 memory = int(self.p.get("compile_memory_mb") or 0) if lang.get("compile_memory", "as") == "as" else 0
                 before = scratch_entries((self.work,))
-                got = run(lang["compile"], where, b"", limit, memory, limit * 3 + 5, 64 << 10, 64 << 10,
-                          {**self.env, "HOME": where, **lang.get("env", {})})
+                got = run(Cold(lang["compile"], {**self.env, "HOME": where, **lang.get("env", {})}), where, b"", limit,
+                          memory, limit * 3 + 5, 64 << 10, 64 << 10)
                 for path in scratch_entries((self.work,)) - before:
                     remove(path)
                 if got["why"] == "TLE":
@@ -181,7 +195,7 @@ class Runner:
         argv = [a.replace("{memory_mb}", str(memory)) for a in lang["run"]]
         got = self.contained(argv, files, test["input"].encode("utf-8", "surrogateescape"), limit,
                              memory if lang.get("memory", "as") == "as" else 0,
-                             max(limit * 2, limit + 1.0), 2 * len(want) + (64 << 10), lang.get("env"))
+                             max(limit * 2, limit + 1.0), 2 * len(want) + (64 << 10), lang.get("env"), self.warm)
         verdict = {"cpu": round(got["cpu"], 4)}
         if got["why"] == "TLE":
             return {**verdict, "v": "TLE", "detail": f"over {limit:g} s"}
@@ -221,16 +235,27 @@ class CheckerBroken(Exception):
     pass
 
 
+def read_exact(count):
+    data = b""
+    while len(data) < count:
+        chunk = os.read(0, min(count - len(data), 1 << 20))
+        if not chunk:
+            raise SystemExit("trl-sandbox I/O judge: the payload ended early")
+        data += chunk
+    return data
+
+
 def main():
-    data = sys.stdin.buffer.read()
-    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-    nonce, payload = data[:16], json.loads(data[16:].decode("utf-8", "surrogateescape"))
-    del data
     nondumpable = prctl(4, 0)  # PR_SET_DUMPABLE
     prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
+    warm = Warm()  # forked before anything of stdin is read: it never holds the nonce or a test
+    nonce = read_exact(16)
+    payload = json.loads(read_exact(int.from_bytes(read_exact(4), "big")).decode("utf-8", "surrogateescape"))
     verdict = {"v": 1, "nondumpable": nondumpable, "tests": []}
     work = os.path.abspath(os.getcwd())
-    runner = Runner(payload, work)
+    runner = Runner(payload, work, warm)  # the program goes to the warm interpreter; no test has been read
+    payload["tests"] = json.loads(read_exact(int.from_bytes(read_exact(4), "big")).decode("utf-8", "surrogateescape"))
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     try:
         files, verdict["load"] = runner.build(payload["lang"], payload["source"])
         checker = None
@@ -248,6 +273,8 @@ def main():
                 failed = failed or verdict["tests"][-1]["v"] != "AC"
     except CheckerBroken as exc:
         verdict["task_error"] = str(exc)
+    if runner.warm is not None:
+        runner.warm.stop()
     kill_all()
     line = MARKER + " " + binascii.hexlify(nonce).decode() + " " + json.dumps(verdict) + "\n"
     os.write(1, line.encode())

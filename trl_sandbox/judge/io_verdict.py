@@ -26,8 +26,10 @@ from trl_sandbox.judge.verdict import _no_verdict, parse_verdict
 from trl_sandbox.sandbox import ExecResult, Outcome, Program
 
 IO_SOURCE: str = bare_source("\n".join(Path(__file__).with_name(name).read_text(encoding="utf-8")
-                                       for name in ("io_process.py", "io_runner.py")))
-IO_ARGV: tuple[str, ...] = ("python3", "-I", "-S", "-c", IO_SOURCE)
+                                       for name in ("io_process.py", "io_warm.py", "io_runner.py")))
+# -I without -S: Python programs run in forks of this interpreter, with the site-packages a fresh
+# ``python3 -I main.py`` would have.
+IO_ARGV: tuple[str, ...] = ("python3", "-I", "-c", IO_SOURCE)
 # Seconds on top of the sum of the limits: the runner's own work, forks, copies of the build.
 MARGIN_S = 2.0
 CHECKER_LIMIT_S = 30.0  # the runner's CPU limit for one run of a dataset's checker
@@ -46,14 +48,15 @@ def build_io_program(
     compile_memory_mb: int = 1024,
     checker: tuple[Language, str] | None = None,
     stop_on_fail: bool = False,
+    warm: bool = True,
 ) -> Program:
     """The judged program for ``source``. ``tests`` are ``{input, output}`` (optionally with their
     own ``time_limit`` and ``memory_mb``); the expected outputs travel to the runner only."""
+    cases = [{"input": str(t["input"]), "output": str(t["output"]),
+              **({"time_limit": float(t["time_limit"])} if t.get("time_limit") else {}),
+              **({"memory_mb": int(t["memory_mb"])} if t.get("memory_mb") else {})} for t in tests]
     payload: dict[str, Any] = {
-        "lang": language.payload(source), "source": source, "compare": compare,
-        "tests": [{"input": str(t["input"]), "output": str(t["output"]),
-                   **({"time_limit": float(t["time_limit"])} if t.get("time_limit") else {}),
-                   **({"memory_mb": int(t["memory_mb"])} if t.get("memory_mb") else {})} for t in tests],
+        "lang": language.payload(source), "source": source, "compare": compare, "warm": warm,
         "time_limit": float(time_limit), "memory_mb": int(memory_mb), "compile_time": float(compile_time),
         "compile_memory_mb": int(compile_memory_mb), "stop_on_fail": bool(stop_on_fail),
     }
@@ -62,8 +65,14 @@ def build_io_program(
         checker_language, checker_source = checker
         payload["checker"] = {**checker_language.payload(checker_source), "source": checker_source}
         budget += compile_time + CHECKER_LIMIT_S * len(tests)
-    stdin = json.dumps(payload, ensure_ascii=False).encode("utf-8", "surrogatepass")
+    # Two frames: the runner forks the warm interpreter after the first and before the tests.
+    stdin = b"".join(_frame(json.dumps(part, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+                     for part in (payload, cases))
     return Program(argv=IO_ARGV, stdin=stdin, timeout=budget, nonce_on_stdin=True)
+
+
+def _frame(data: bytes) -> bytes:
+    return len(data).to_bytes(4, "big") + data
 
 
 def io_outcome(result: ExecResult, nonce: bytes | None, total: int) -> Outcome:
