@@ -336,3 +336,37 @@ def test_a_program_that_kills_or_stops_the_warm_interpreter_only_loses_its_own_t
         # The tests after the attack are judged (each a fresh interpreter now), and pass.
         assert outcome.tests[1:] == (True, True, True), (how, outcome.detail)
         assert time.monotonic() - start < 30
+
+
+def test_cpu_of_a_sibling_made_with_clone_parent_counts(pool):
+    """A process made with CLONE_PARENT is its maker's sibling (the zygote's or the runner's child,
+    left unreaped): its CPU still counts against the test. The local sandbox refuses the flag
+    outright; the runner's own count is what holds on a remote sandbox, so it runs bare here too."""
+    from .task_helpers import SubprocessRunner
+
+    sibling = textwrap.dedent("""
+        import ctypes, os, time
+        def burn(seconds):
+            end = time.process_time() + seconds
+            while time.process_time() < end:
+                pass
+        r, w = os.pipe()
+        libc = ctypes.CDLL(None, use_errno=True)
+        pid = libc.syscall(56, 0x00008000 | 17, 0, 0, 0, 0)  # clone(CLONE_PARENT | SIGCHLD)
+        if pid == 0:
+            burn({each})
+            os.write(w, b'x')
+            os._exit(0)
+        burn({each})
+        if pid > 0:
+            os.read(r, 1)
+        print(int(input()) * 2 if pid > 0 else 'clone refused')
+    """)
+    tests = [{"input": "21\n", "output": "42\n"}]
+    refused = _one(pool, sibling.format(each=0.2), _row(tests, time_limit=1.0))
+    assert refused.status == "failed", refused.detail  # the local sandbox: no sibling at all
+    bare = SubprocessRunner()
+    under, over = (score(bare, GenericTask(), [sibling.format(each=each)], _row(tests, time_limit=1.0))[0]
+                   for each in (0.2, 0.7))
+    assert under.status == "passed", under.detail  # positive control: the sibling was made and answered
+    assert over.status == "timeout", over.detail

@@ -10,6 +10,7 @@ import time
 
 SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")
 TICK = os.sysconf("SC_CLK_TCK")
+ERR_FLOOD = 16 << 20  # bytes of stderr after which a test is ended as an output flood
 
 
 def prctl(option, arg):
@@ -243,7 +244,7 @@ def run(starter, cwd, data, cpu, memory_mb, wall, out_cap, err_cap, spare=()):
     extra = 0.0
     out, err = bytearray(), bytearray()
     open_fds = {out_r: (out, out_cap), err_r: (err, err_cap)}
-    status, why = None, None
+    status, why, flooded = None, None, 0
     while True:
         if status is None:
             ended = starter.poll()
@@ -267,6 +268,10 @@ def run(starter, cwd, data, cpu, memory_mb, wall, out_cap, err_cap, spare=()):
             buf += chunk[: max(0, cap + 1 - len(buf))]
             if len(buf) > cap and fd == out_r and why is None:
                 why = "OLE"
+            elif fd == err_r:
+                flooded += len(chunk)
+                if flooded > ERR_FLOOD and why is None:
+                    why = "OLE"  # no right answer needs this much on stderr; reading it costs us
         if why == "OLE":
             break
         if time.monotonic() - start > wall:
@@ -275,6 +280,8 @@ def run(starter, cwd, data, cpu, memory_mb, wall, out_cap, err_cap, spare=()):
         if cpu and (reaped_cpu() - base) + extra + cpu_of([p for p in descendants() if p not in spare]) > cpu:
             why = "TLE"
             break
+    # What the tree used up to now, dead children not yet reaped by a stopped helper included.
+    seen = (reaped_cpu() - base) + extra + cpu_of([p for p in descendants() if p not in spare])
     if kill_all(spare) and hasattr(starter, "reaped"):
         starter.reaped()
     if status is None:
@@ -282,7 +289,7 @@ def run(starter, cwd, data, cpu, memory_mb, wall, out_cap, err_cap, spare=()):
         status, extra = ended if ended is not None else (9, extra)  # killed before it ended
     for fd in open_fds:
         os.close(fd)
-    used = reaped_cpu() - base + extra
+    used = max(reaped_cpu() - base + extra, seen)
     if cpu and used > cpu and why is None:
         why = "TLE"
     return {"status": status, "cpu": used, "wall": time.monotonic() - start, "out": bytes(out),
