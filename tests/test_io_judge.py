@@ -370,3 +370,25 @@ def test_cpu_of_a_sibling_made_with_clone_parent_counts(pool):
                    for each in (0.2, 0.7))
     assert under.status == "passed", under.detail  # positive control: the sibling was made and answered
     assert over.status == "timeout", over.detail
+
+
+def test_the_precompiled_header_is_valid_and_out_of_a_programs_reach(pool):
+    """C++ compiles against <bits/stdc++.h> precompiled on the host (about 5x faster). g++ marks a
+    precompiled header it uses with '!' under -H: the judge's own flags must find it valid. A
+    program cannot write there, so it cannot plant a header for the next program's compile."""
+    import time
+
+    from trl_sandbox.local import toolchain_cache
+
+    built = toolchain_cache.pch_dir.__wrapped__(wait=True)
+    deadline = time.monotonic() + 120
+    while not (built / "bits" / "stdc++.h.gch").exists() and time.monotonic() < deadline:
+        time.sleep(0.5)  # another process of the suite may be building it
+    assert (built / "bits" / "stdc++.h.gch").exists()
+    with SandboxPool.open("local", size=1, made_by="test-io-pch") as fresh:  # binds what exists now
+        check = fresh.loop.run(fresh.aexec(
+            ["sh", "-c", "printf '#include <bits/stdc++.h>\\nint main(){}\\n' > m.cpp && "
+             "g++ -std=c++17 -O2 -I/opt/trl-sandbox/pch -H -fsyntax-only m.cpp 2>&1 | head -3; "
+             "touch /opt/trl-sandbox/pch/bits/planted.gch && echo planted || echo read-only"], timeout=60))
+    assert "! /opt/trl-sandbox/pch/bits/stdc++.h.gch" in check.stdout, check.stdout
+    assert check.stdout.strip().endswith("read-only")

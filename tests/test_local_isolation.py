@@ -139,7 +139,7 @@ def test_host_files_are_not_visible(box, tmp_path):
         f.write(SECRET)
     try:
         probe = json.dumps([str(secret_file), root_secret, "/etc/shadow", "/etc/hostname", "/work/main/pyproject.toml",
-                            "/home", "/root", "/var", "/opt", "/boot", "/sys/kernel"])
+                            "/home", "/root", "/var", "/boot", "/sys/kernel"])
         seen = inside(box, f"""
 import json, os
 out = {{}}
@@ -155,8 +155,13 @@ print(json.dumps(out))
     assert all(v in ("FileNotFoundError", "PermissionError") for v in seen.values()), seen
     etc = inside(box, "import os, json; print(json.dumps(sorted(os.listdir('/etc'))))")
     assert "shadow" not in etc and "passwd" in etc
-    assert set(etc) <= {"passwd", "group", "hosts", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives",
-                        "localtime", "nsswitch.conf"}
+    toolchain_config = {name for name in etc if name.startswith("java-") and name.endswith("-openjdk")}
+    assert set(etc) - toolchain_config <= {"passwd", "group", "hosts", "ld.so.cache", "ld.so.conf", "ld.so.conf.d",
+                                           "alternatives", "localtime", "nsswitch.conf"}
+    # /opt holds only the precompiled C++ header the local provider builds (read-only), if any.
+    opt = inside(box, "import os, json; print(json.dumps({d: sorted(os.listdir(d)) for d, _, _ in os.walk('/opt')}))")
+    assert set(opt) <= {"/opt", "/opt/trl-sandbox", "/opt/trl-sandbox/pch", "/opt/trl-sandbox/pch/bits"}, opt
+    assert set(opt.get("/opt/trl-sandbox/pch/bits", [])) <= {"stdc++.h.gch"}, opt
     passwd = box.exec(["cat", "/etc/passwd"]).stdout
     assert "sandbox:x:1000:1000" in passwd and len(passwd.splitlines()) == 3
 

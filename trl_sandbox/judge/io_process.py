@@ -245,6 +245,7 @@ def run(starter, cwd, data, cpu, memory_mb, wall, out_cap, err_cap, spare=()):
     out, err = bytearray(), bytearray()
     open_fds = {out_r: (out, out_cap), err_r: (err, err_cap)}
     status, why, flooded = None, None, 0
+    next_check = start + 0.01
     while True:
         if status is None:
             ended = starter.poll()
@@ -277,9 +278,12 @@ def run(starter, cwd, data, cpu, memory_mb, wall, out_cap, err_cap, spare=()):
         if time.monotonic() - start > wall:
             why = "TLE"
             break
-        if cpu and (reaped_cpu() - base) + extra + cpu_of([p for p in descendants() if p not in spare]) > cpu:
-            why = "TLE"
-            break
+        now = time.monotonic()
+        if cpu and now >= next_check:  # the whole tree's CPU, every 10 ms (a short test never pays for it)
+            next_check = now + 0.01
+            if (reaped_cpu() - base) + extra + cpu_of([p for p in descendants() if p not in spare]) > cpu:
+                why = "TLE"
+                break
     # What the tree used up to now, dead children not yet reaped by a stopped helper included.
     seen = (reaped_cpu() - base) + extra + cpu_of([p for p in descendants() if p not in spare])
     if kill_all(spare) and hasattr(starter, "reaped"):

@@ -122,6 +122,7 @@ class Runner:
         self.p = payload
         self.work = work
         self.count = 0
+        self.clean = None
         self.env = {"PATH": os.environ.get("PATH") or "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
         lang = payload["lang"]
         self.warm = warm
@@ -139,7 +140,9 @@ class Runner:
         """Run ``argv`` (or the ``warm`` interpreter) in a fresh directory holding ``files``;
         afterwards nothing of it is left."""
         where = self.fresh_dir("run")
-        before = scratch_entries((self.work,))
+        if self.clean is None:
+            self.clean = scratch_entries((self.work,))  # as every test leaves them: what it added goes
+        before = self.clean
         materialise(files, where)
         spare = (warm.pid,) if warm is not None and warm.ready else ()
         try:
@@ -175,7 +178,12 @@ class Runner:
                 limit = float(self.p.get("compile_time") or 10.0)
                 memory = int(self.p.get("compile_memory_mb") or 0) if lang.get("compile_memory", "as") == "as" else 0
                 before = scratch_entries((self.work,))
-                got = run(Cold(lang["compile"], {**self.env, "HOME": where, **lang.get("env", {})}), where, b"", limit,
+                argv = list(lang["compile"])
+                for include in lang.get("cache_include") or ():
+                    # Only a directory no program can have written (read-only here) is trusted.
+                    if os.path.isdir(include) and not os.access(include, os.W_OK):
+                        argv.insert(1, "-I" + include)
+                got = run(Cold(argv, {**self.env, "HOME": where, **lang.get("env", {})}), where, b"", limit,
                           memory, limit * 3 + 5, 64 << 10, 64 << 10)
                 for path in scratch_entries((self.work,)) - before:
                     remove(path)

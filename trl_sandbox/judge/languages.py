@@ -32,6 +32,9 @@ class Language:
     compile_memory: str = "as"  # the same for the compile step
     env: tuple[tuple[str, str], ...] = ()  # extra environment for compile and run
     class_name: bool = False  # Java: the file is named after the source's public class
+    # Directories searched first for includes when the sandbox has them read-only (a precompiled
+    # header the local sandbox binds; an image may ship one too).
+    cache_include: tuple[str, ...] = ()
 
     def payload(self, source: str) -> dict:
         file = self.file
@@ -44,7 +47,7 @@ class Language:
             run = [a.replace("{class}", name) for a in run]
             compile_argv = [a.replace("{file}", file) for a in compile_argv] if compile_argv else None
         return {"name": self.name, "file": file, "compile": compile_argv, "run": run, "memory": self.memory,
-                "compile_memory": self.compile_memory, "env": dict(self.env)}
+                "compile_memory": self.compile_memory, "env": dict(self.env), "cache_include": list(self.cache_include)}
 
     def missing(self, which: Callable[[str], str | None] = shutil.which) -> list[str]:
         """The toolchain's commands that ``which`` cannot find."""
@@ -60,7 +63,8 @@ BUILTIN: tuple[Language, ...] = (
     Language("python", "main.py", ("python3", "-I", "main.py"), toolchain=("python3",), package="python3",
              aliases=("python3", "py", "py3", "pypy", "pypy3", "python 3")),
     Language("cpp", "main.cpp", ("./main",), ("g++", "-std=c++17", "-O2", "-pipe", "-o", "main", "main.cpp"),
-             toolchain=("g++",), package="g++", aliases=("c++", "cpp17", "c++17", "cxx", "gnu c++", "cc")),
+             toolchain=("g++",), package="g++", aliases=("c++", "cpp17", "c++17", "cxx", "gnu c++", "cc"),
+             cache_include=("/opt/trl-sandbox/pch",)),
     Language("c", "main.c", ("./main",), ("gcc", "-std=gnu11", "-O2", "-pipe", "-o", "main", "main.c", "-lm"),
              toolchain=("gcc",), package="gcc"),
     # Few threads (a sandbox caps processes, and threads count): a serial collector, one JIT thread.

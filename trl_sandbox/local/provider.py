@@ -89,7 +89,7 @@ import warnings
 from collections.abc import Iterable, Mapping, Sequence
 
 from trl_sandbox.judge.verdict import JUDGE_SOURCE
-from trl_sandbox.local import mounts
+from trl_sandbox.local import mounts, toolchain_cache
 from trl_sandbox.local.cgroups import PID_HEADROOM, Cgroups, SandboxGroup
 from trl_sandbox.local.command import INSTALL_HINT, SCRATCH, SUPERVISOR_PATH, Command
 from trl_sandbox.local.container import LocalSandbox
@@ -137,7 +137,9 @@ class LocalProvider:
     backstop for programs that sleep or block: ``wall_factor`` x timeout + ``wall_margin_s``;
     ``resident_judge`` (``True``: one judge process per sandbox judges program after program, and
     each judged program costs one process, its candidate's, forked ahead of it by a small forker;
-    ``False``: a judge process per program).
+    ``False``: a judge process per program); ``cpp_pch`` (``True``: C++ programs that include
+    ``<bits/stdc++.h>`` compile against a header precompiled once per machine, bound read-only;
+    see ``trl_sandbox.local.toolchain_cache``).
     """
 
     name = "local"
@@ -166,6 +168,7 @@ class LocalProvider:
         wall_factor: float = 4.0,
         wall_margin_s: float = 2.0,
         resident_judge: bool = True,
+        cpp_pch: bool = True,
     ) -> None:
         found = shutil.which(bwrap)
         if not found:
@@ -182,6 +185,9 @@ class LocalProvider:
         for entry in extra_ro_binds:
             src, dest = (entry, entry) if isinstance(entry, str) else tuple(entry)
             binds.append(mounts.check_bind(src, dest, SCRATCH))
+        pch = toolchain_cache.pch_dir() if flag("local", "cpp_pch", cpp_pch) else None
+        if pch is not None:
+            binds.append((str(pch), toolchain_cache.PCH_INSIDE))
         visible = ["/usr"] + [dest for _, dest in binds]
         if not any(python == v or python.startswith(v.rstrip("/") + "/") for v in visible):
             raise ConfigError(
