@@ -300,6 +300,10 @@ def test_scorer_end_to_end_on_the_sorting_task(fake, provider):
     testing.check_scorer_end_to_end_on_the_sorting_task(provider, TAGS, live=fake.live)
 
 
+def test_io_programs_end_to_end(fake, provider):
+    testing.check_io_programs_end_to_end(provider, TAGS, live=fake.live)
+
+
 @pytest.mark.parametrize("seeds", [(1, 2, 3), (4, 5, 6)])
 def test_seeded_fault_matrix(fake, provider, seeds):
     """20% transient faults on creates and execs, 5% vanishing sandboxes: every seed scores at

@@ -373,3 +373,20 @@ def check_scorer_end_to_end_on_the_sorting_task(
     assert [(o.status, o.passed, o.total, o.reward) for o in outcomes] == [
         ("passed", 5, 5, 1.0), ("failed", 1, 5, 0.2)]
     assert live() == []
+
+
+def check_io_programs_end_to_end(make: ProviderFactory, tags: Mapping[str, str], *, live: Callable[[], list[str]]) -> None:
+    """Whole programs on stdin/stdout (the I/O judge inside the sandbox, the image's toolchain):
+    a right Python program passes, a wrong one fails per test, and a C++ program is either judged
+    or, where the image lacks g++, ``infra`` naming it (never the program's fault)."""
+    from trl_sandbox.scoring.scorer import Scorer
+
+    tests = [{"input": f"{i} {i + 4}\n", "output": f"{2 * i + 4}\n"} for i in range(3)]
+    rows = [{"task_id": "sum", "tests": tests}] * 2 + [{"task_id": "sum-cpp", "tests": tests, "language": "cpp"}]
+    completions = ["a, b = map(int, input().split())\nprint(a + b)", "a, b = map(int, input().split())\nprint(a + b + (a == 1))",
+                   "#include <iostream>\nint main(){long a,b;std::cin>>a>>b;std::cout<<a+b<<std::endl;}\n"]
+    with SandboxPool.open(make(), size=2, spec=SandboxSpec(tags=tags), pool_settings=FAST) as pool:
+        outcomes = Scorer(pool, cache_size=0).score(completions, rows)
+    assert [(o.status, o.passed) for o in outcomes[:2]] == [("passed", 3), ("failed", 2)], outcomes
+    assert outcomes[2].status == "passed" or (outcomes[2].status == "infra" and "g++" in outcomes[2].detail), outcomes[2]
+    assert live() == []
