@@ -11,8 +11,9 @@ competitive-programming dataset, as it is published.
 open-r1's Codeforces, or our ``tests`` column; see ``trl_sandbox.tasks.io_layouts``). Each row's
 prompt is its ``--prompt_column`` with an instruction to answer with a whole program in
 ``--language`` (or in Python or C++, the model's choice, when it is ``any``). Rows whose tests call a
-function instead (APPS's ``fn_name``) are dropped with a count. Every SandboxGRPOConfig field is
-also a flag.
+function instead (APPS's ``fn_name``) are dropped with a count: this prompt asks for a program (the
+generic task scores such rows too, through the function judge, given a prompt that asks for the
+function). Every SandboxGRPOConfig field is also a flag.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def io_dataset(script: ScriptArguments) -> Any:
         return load_tasks("io-basics", repeat=16, language=None if script.language == "any" else script.language)
     from datasets import load_dataset
 
+    from trl_sandbox.tasks.io import IOTask
     from trl_sandbox.tasks.io_layouts import io_task_of
 
     if script.dataset.endswith((".json", ".jsonl", ".parquet")):
@@ -69,8 +71,7 @@ def io_dataset(script: ScriptArguments) -> Any:
 
     def judged_on_stdin(row: dict) -> bool:
         try:
-            io_task_of(row)
-            return True
+            return isinstance(io_task_of(row), IOTask)  # the prompt asks for a program, not a function
         except ConfigError:
             return False
 

@@ -392,3 +392,24 @@ def test_the_precompiled_header_is_valid_and_out_of_a_programs_reach(pool):
              "touch /opt/trl-sandbox/pch/bits/planted.gch && echo planted || echo read-only"], timeout=60))
     assert "! /opt/trl-sandbox/pch/bits/stdc++.h.gch" in check.stdout, check.stdout
     assert check.stdout.strip().endswith("read-only")
+
+
+def test_function_call_rows_of_the_published_layouts(pool):
+    """APPS's fn_name rows (a top-level function, or LeetCode's class Solution) and LiveCodeBench's
+    functional rows run through the function judge; results compare as their harnesses do."""
+    import json
+
+    apps = {"task_id": "apps-1", "input_output": json.dumps(
+        {"fn_name": "min_max", "inputs": [[[3, 1, 2]], [[5]]], "outputs": [[[1, 3]], [[5, 5]]]})}
+    top = "```python\ndef min_max(xs):\n    return (min(xs), max(xs))\n```"  # a tuple for the list: accepted
+    method = "class Solution:\n    def min_max(self, xs):\n        return [min(xs), max(xs)]\n"
+    wrong = "def min_max(xs):\n    return [max(xs), min(xs)]\n"
+    lcb = {"task_id": "lcb-1", "metadata": json.dumps({"func_name": "countPairs"}), "public_test_cases": json.dumps(
+        [{"input": "[1, 2, 3]\n4", "output": "1", "testtype": "functional"},
+         {"input": "[2, 2]\n4", "output": "1", "testtype": "functional"}])}
+    pairs = ("class Solution:\n    def countPairs(self, nums, target):\n"
+             "        return sum(1 for i in range(len(nums)) for j in range(i + 1, len(nums)) if nums[i] + nums[j] == target)\n")
+    outcomes = score(pool, GenericTask(), [top, method, wrong, pairs, "```python\ndef min_max(xs):\n    return (\n```"],
+                     [apps, apps, apps, lcb, apps])
+    assert [o.status for o in outcomes] == ["passed", "passed", "failed", "passed", "error"], [o.detail for o in outcomes]
+    assert (outcomes[2].passed, outcomes[2].total) == (1, 2)  # [5, 5] is right either way round

@@ -73,6 +73,7 @@ from trl_sandbox.tasks.check import (
     build_check,
 )
 from trl_sandbox.tasks.io import IOTask, build_io, score_io
+from trl_sandbox.tasks.io_calls import FunctionTestsTask, build_function_tests, score_function_tests
 from trl_sandbox.tasks.io_layouts import io_task_of, layout_of
 
 # -- the generic task -----------------------------------------------------------------------------
@@ -126,7 +127,7 @@ class GenericTask:
     def rows(self, **options: Any) -> list[dict[str, Any]]:
         return []
 
-    def resolve(self, row: Mapping[str, Any]) -> CallTask | CheckTask | IOTask:
+    def resolve(self, row: Mapping[str, Any]) -> CallTask | CheckTask | IOTask | FunctionTestsTask:
         style = _style(row)
         if style == "io":
             return io_task_of(row)
@@ -155,6 +156,8 @@ class GenericTask:
             return build_call(task, completion, row.get("prompt"))
         if isinstance(task, IOTask):
             return build_io(task, completion)
+        if isinstance(task, FunctionTestsTask):
+            return build_function_tests(task, completion)
         return build_check(task, completion)
 
     def score(self, result: ExecResult, row: Mapping[str, Any], *, nonce: bytes | None) -> Outcome:
@@ -163,6 +166,8 @@ class GenericTask:
             return call_outcome(result, nonce, task.expected, raise_is_error=task.raise_is_error)
         if isinstance(task, IOTask):
             return score_io(task, result, nonce)
+        if isinstance(task, FunctionTestsTask):
+            return score_function_tests(task, result, nonce)
         return check_outcome(result, nonce, task.total)
 
 

@@ -18,9 +18,9 @@ open-r1 Codeforces     ``official_tests`` (list of ``{input, output}``), ``time_
                        ``memory_limit`` (MB), ``generated_checker`` (Python), ``input_mode``
 =====================  ==========================================================================
 
-Rows whose tests call a function instead (APPS's ``fn_name``, LiveCodeBench's and DeepCoder's
-``functional`` tests) are refused with a ``ConfigError`` that says so: filter them out, or convert
-them to the call style (``func_name``, ``tests``, ``reference``). LiveCodeBench's private tests are
+Rows whose tests call a function instead (APPS's and TACO's ``fn_name``, LiveCodeBench's and
+DeepCoder's ``functional`` tests with ``metadata.func_name``) run through the function judge's call
+mode (``trl_sandbox.tasks.io_calls``). LiveCodeBench's private tests are
 decoded by an unpickler that admits nothing but strings: no dataset can run code on the host.
 """
 
@@ -34,10 +34,13 @@ import pickle
 import zlib
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trl_sandbox.sandbox import ConfigError
 from trl_sandbox.tasks.io import IOTask, io_task, normalise_tests
+
+if TYPE_CHECKING:
+    from trl_sandbox.tasks.io_calls import FunctionTestsTask
 
 LAYOUT_COLUMNS: dict[str, tuple[str, ...]] = {
     "codeforces": ("official_tests",),
@@ -102,8 +105,24 @@ def decode_livecodebench(blob: str) -> Any:
 
 
 def _refuse_functional(task_id: Any, what: str) -> None:
-    raise ConfigError(f"row {task_id!r}: {what} call a function instead of reading stdin; I/O tasks need stdin "
-                      "tests. Filter such rows out, or give them in the call style (func_name, tests, reference)")
+    raise ConfigError(f"row {task_id!r}: {what} call a function in a way trl-sandbox does not read; filter such "
+                      "rows out, or give them in the call style (func_name, tests, reference)")
+
+
+class Functional(Exception):
+    """The row's tests call a function (``trl_sandbox.tasks.io_calls``), raised from the layout's reader."""
+
+    def __init__(self, func_name: str, cases: list[tuple[Any, Any]], wrapped: bool) -> None:
+        super().__init__(func_name)
+        self.func_name, self.cases, self.wrapped = func_name, cases, wrapped
+
+
+def _func_name(row: Mapping[str, Any], task_id: Any) -> str:
+    metadata = _json(row.get("metadata") or {}, "metadata", task_id) or {}
+    name = metadata.get("func_name") if isinstance(metadata, Mapping) else None
+    if not name:
+        _refuse_functional(task_id, "its functional tests (no metadata.func_name)")
+    return str(name)
 
 
 def _pairs(inputs: Sequence[Any], outputs: Sequence[Any], task_id: Any) -> list[dict[str, Any]]:
@@ -112,11 +131,15 @@ def _pairs(inputs: Sequence[Any], outputs: Sequence[Any], task_id: Any) -> list[
     return [{"input": i, "output": o} for i, o in zip(inputs, outputs)]
 
 
-def _typed(tests: Sequence[Mapping[str, Any]], task_id: Any, key: str) -> list[Mapping[str, Any]]:
-    for test in tests:
-        kind = str(test.get(key) or "stdin").lower()
-        if kind in ("functional", "function_call", "call"):
-            _refuse_functional(task_id, f"its tests ({key}={kind!r})")
+def _typed(tests: Sequence[Mapping[str, Any]], row: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
+    task_id = row.get("task_id")
+    kinds = {str(test.get(key) or "stdin").lower() for test in tests}
+    if kinds & {"functional", "function_call", "call"}:
+        if key != "testtype" or len(kinds) > 1:
+            _refuse_functional(task_id, f"its tests ({key}={sorted(kinds)!r})")
+        from trl_sandbox.tasks.io_calls import json_lines_cases
+
+        raise Functional(_func_name(row, task_id), json_lines_cases(tests, task_id), wrapped=False)
     return list(tests)
 
 
@@ -130,7 +153,8 @@ def tests_and_defaults(row: Mapping[str, Any]) -> tuple[list[Mapping[str, Any]],
     if layout == "apps":
         spec = _json(row["input_output"], "input_output", task_id) or {}
         if spec.get("fn_name"):
-            _refuse_functional(task_id, f"its tests (fn_name={spec['fn_name']!r})")
+            cases = _pairs(spec.get("inputs") or [], spec.get("outputs") or [], task_id)
+            raise Functional(str(spec["fn_name"]), [(c["input"], c["output"]) for c in cases], wrapped=True)
         return _pairs(spec.get("inputs") or [], spec.get("outputs") or [], task_id), defaults
     if layout == "code_contests":
         tests: list[Mapping[str, Any]] = []
@@ -145,29 +169,27 @@ def tests_and_defaults(row: Mapping[str, Any]) -> tuple[list[Mapping[str, Any]],
             defaults["memory_mb"] = max(1, int(row["memory_limit_bytes"]) >> 20)
         return tests, defaults
     if layout == "livecodebench":
-        tests = _typed(_json(row.get("public_test_cases") or "[]", "public_test_cases", task_id), task_id, "testtype")
-        private = row.get("private_test_cases")
+        public = _json(row.get("public_test_cases") or "[]", "public_test_cases", task_id)
+        private = row.get("private_test_cases") or []
         if private:
             try:
-                tests += _typed(decode_livecodebench(private) if isinstance(private, str) else private, task_id, "testtype")
+                private = decode_livecodebench(private) if isinstance(private, str) else private
             except (ValueError, zlib.error, pickle.UnpicklingError, EOFError) as exc:
                 raise ConfigError(f"row {task_id!r}: private_test_cases cannot be decoded: {exc}") from None
-        return tests, defaults
+        return _typed(list(public) + list(private), row, "testtype"), defaults
     if layout == "verification_info":
         info = _json(row["verification_info"], "verification_info", task_id) or {}
         if info.get("language"):
             defaults["language"] = info["language"]
-        return _typed(info.get("test_cases") or [], task_id, "type"), defaults
+        return _typed(info.get("test_cases") or [], row, "type"), defaults
     if layout == "deepcoder":
         tests_value = _json(row["tests"], "tests", task_id)
-        metadata = _json(row.get("metadata") or {}, "metadata", task_id) or {}
-        if isinstance(metadata, Mapping) and metadata.get("func_name"):
-            _refuse_functional(task_id, f"its tests (metadata.func_name={metadata['func_name']!r})")
         if isinstance(tests_value, Mapping):
-            if tests_value.get("fn_name"):
-                _refuse_functional(task_id, f"its tests (fn_name={tests_value['fn_name']!r})")
-            return _pairs(tests_value.get("inputs") or [], tests_value.get("outputs") or [], task_id), defaults
-        return _typed(tests_value, task_id, "testtype"), defaults
+            cases = _pairs(tests_value.get("inputs") or [], tests_value.get("outputs") or [], task_id)
+            if tests_value.get("fn_name"):  # TACO's layout inside DeepCoder
+                raise Functional(str(tests_value["fn_name"]), [(c["input"], c["output"]) for c in cases], wrapped=True)
+            return cases, defaults
+        return _typed(tests_value, row, "testtype"), defaults
     if layout == "codeforces":
         if str(row.get("input_mode") or "stdio").lower() not in ("stdio", "stdin", ""):
             raise ConfigError(f"row {task_id!r}: input_mode={row.get('input_mode')!r}: only stdio problems are judged")
@@ -181,11 +203,18 @@ def tests_and_defaults(row: Mapping[str, Any]) -> tuple[list[Mapping[str, Any]],
     raise ConfigError(f"row {task_id!r} is not in an I/O layout ({', '.join(['ours', *LAYOUT_COLUMNS, 'deepcoder'])})")
 
 
-_CACHE: OrderedDict[str, IOTask] = OrderedDict()
+_CACHE: OrderedDict[str, Any] = OrderedDict()
 _CACHE_ENTRIES = 256
 
 
-def io_task_of(row: Mapping[str, Any]) -> IOTask:
+def _seconds(value: Any) -> float | None:
+    try:
+        return float(value) if value not in (None, "") and float(value) > 0 else None
+    except (TypeError, ValueError):
+        return None
+
+
+def io_task_of(row: Mapping[str, Any]) -> IOTask | FunctionTestsTask:
     """The I/O task of ``row``, in any layout; resolved once per distinct row (rows repeat once per
     completion of a group, and a large one holds megabytes of tests)."""
     key = hashlib.sha256(repr(sorted((str(k), repr(v)) for k, v in row.items() if k != "prompt")).encode(
@@ -194,7 +223,15 @@ def io_task_of(row: Mapping[str, Any]) -> IOTask:
     if task is not None:
         _CACHE.move_to_end(key)
         return task
-    tests, defaults = tests_and_defaults(row)
+    try:
+        tests, defaults = tests_and_defaults(row)
+    except Functional as calls:
+        from trl_sandbox.tasks.io_calls import function_tests_task
+
+        task = function_tests_task(str(row.get("task_id") or ""), calls.func_name, calls.cases, wrapped=calls.wrapped,
+                                   timeout=_seconds(row.get("timeout")))
+        _CACHE[key] = task
+        return task
     if row.get("time_limit") is not None and not isinstance(row.get("time_limit"), (int, float, str)):
         row = {k: v for k, v in row.items() if k != "time_limit"}  # CodeContests' {"seconds", "nanos"}
     if layout_of(row) == "codeforces":
