@@ -23,12 +23,7 @@ from typing import Any
 
 from trl import TrlParser
 
-from trl_sandbox import ConfigError, SandboxGRPOConfig, SandboxGRPOTrainer, load_tasks
-
-INSTRUCTION = ("\n\nWrite a complete program that reads the input from standard input and writes the answer to "
-               "standard output, {which}.\n")
-WHICH = {"any": "in Python 3 (a ```python fenced block) or C++17 (a ```cpp fenced block)",
-         "python": "in Python 3, in a ```python fenced block", "cpp": "in C++17, in a ```cpp fenced block"}
+from trl_sandbox import ConfigError, SandboxGRPOConfig, SandboxGRPOTrainer, load_io_dataset, load_tasks
 
 
 @dataclass
@@ -41,47 +36,13 @@ class ScriptArguments:
 
 
 def io_dataset(script: ScriptArguments) -> Any:
-    """The training rows: ``io-basics``, or the dataset's rows with a prompt and a ``task_id``."""
-    if script.language not in WHICH:
-        raise ConfigError(f"--language {script.language!r}: use one of {', '.join(WHICH)}")
+    """The training rows: ``io-basics``, or the dataset's problems with a prompt and a ``task_id``."""
     if script.dataset == "io-basics":
+        if script.language not in ("any", "python", "cpp"):
+            raise ConfigError(f"--language {script.language!r}: use any, python or cpp")
         return load_tasks("io-basics", repeat=16, language=None if script.language == "any" else script.language)
-    from datasets import load_dataset
-
-    from trl_sandbox.tasks.io import IOTask
-    from trl_sandbox.tasks.io_layouts import io_task_of
-
-    if script.dataset.endswith((".json", ".jsonl", ".parquet")):
-        kind = "parquet" if script.dataset.endswith(".parquet") else "json"
-        rows = load_dataset(kind, data_files=script.dataset, split="train")
-    else:
-        rows = load_dataset(script.dataset, split=script.split)
-    if script.prompt_column not in rows.column_names:
-        raise ConfigError(f"--prompt_column {script.prompt_column!r} is not a column of {script.dataset} "
-                          f"(columns: {', '.join(rows.column_names)})")
-
-    def prepare(row: dict, index: int) -> dict:
-        extra = {"prompt": str(row[script.prompt_column]) + INSTRUCTION.format(which=WHICH[script.language]),
-                 "task_id": str(row.get("task_id") or row.get("name") or row.get("problem_id") or index)}
-        if script.language != "any":
-            extra["language"] = script.language
-        return extra
-
-    rows = rows.map(prepare, with_indices=True)
-
-    def judged_on_stdin(row: dict) -> bool:
-        try:
-            return isinstance(io_task_of(row), IOTask)  # the prompt asks for a program, not a function
-        except ConfigError:
-            return False
-
-    kept = rows.filter(judged_on_stdin)
-    dropped = len(rows) - len(kept)
-    if dropped:
-        print(f"train_io: dropped {dropped} of {len(rows)} rows that are not stdin/stdout problems")
-    if not len(kept):
-        raise ConfigError(f"{script.dataset}: no row has stdin/stdout tests in a layout trl-sandbox reads")
-    return kept
+    return load_io_dataset(script.dataset, split=script.split, prompt_column=script.prompt_column,
+                           language=script.language)
 
 
 def main(argv: list[str] | None = None) -> SandboxGRPOTrainer:

@@ -31,15 +31,18 @@ def _contests(path: Path) -> Path:
     return path
 
 
-def test_rows_in_a_published_layout_become_prompts_and_function_rows_are_dropped(tmp_path, capsys):
+def test_rows_in_a_published_layout_become_prompts_and_function_rows_are_dropped(tmp_path, caplog):
     example = _example()
     script = example["ScriptArguments"](dataset=str(_contests(tmp_path / "cc.jsonl")), language="cpp")
-    rows = example["io_dataset"](script)
+    rows = example["io_dataset"](script)  # trl_sandbox.load_io_dataset
     assert len(rows) == 1 and rows[0]["task_id"] == "1A-sum" and rows[0]["language"] == "cpp"
     assert rows[0]["prompt"].startswith("Print a + b.") and "C++17" in rows[0]["prompt"]
-    assert "dropped 1 of 2 rows" in capsys.readouterr().out
-    with pytest.raises(ConfigError, match="--prompt_column 'question'"):
+    assert rows[0]["public_tests"]["input"] == ["1 2\n"]  # the row keeps its own columns
+    assert "dropped 1 of 2 rows" in caplog.text
+    with pytest.raises(ConfigError, match="prompt_column='question'"):
         example["io_dataset"](example["ScriptArguments"](dataset=str(tmp_path / "cc.jsonl"), prompt_column="question"))
+    with pytest.raises(ConfigError, match="language='rust'"):
+        example["io_dataset"](example["ScriptArguments"](dataset=str(tmp_path / "cc.jsonl"), language="rust"))
 
 
 def test_two_steps_score_every_completion_in_the_sandbox(tmp_path):

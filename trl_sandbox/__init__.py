@@ -29,7 +29,7 @@ from trl_sandbox.sandbox import (
     SandboxSpec,
     Task,
 )
-from trl_sandbox.tasks.load import load_tasks
+from trl_sandbox.tasks.load import load_io_dataset, load_tasks
 
 __version__ = "0.1.0"
 
@@ -65,6 +65,7 @@ __all__ = [
     "SandboxSpec",
     "Task",
     "hookimpl",
+    "load_io_dataset",
     "load_tasks",
 ]
 
