@@ -338,11 +338,35 @@ def test_a_program_that_kills_or_stops_the_warm_interpreter_only_loses_its_own_t
         assert time.monotonic() - start < 30
 
 
+class ContainerRunner:
+    """Runs judged programs in a fake remote sandbox (``trl_sandbox.remote.fake_container``): a
+    bubblewrap container with its own PID namespace, /tmp, /var/tmp and /dev/shm and no seccomp.
+    The I/O judge removes what a test adds to the scratch places: never point it at the host's."""
+
+    def __init__(self) -> None:
+        from trl_sandbox.remote.fake_container import FakeContainer
+
+        from .task_helpers import SubprocessRunner
+
+        self.container = FakeContainer()
+        self.loop = SubprocessRunner().loop
+
+    async def aexec(self, argv, *, stdin=None, timeout, files=(), cwd=None, env=None):
+        from .task_helpers import SubprocessRunner
+
+        inside = ["/bin/sh", "-c", 'mkdir -p /tmp/work && cd /tmp/work && exec "$@"', "sh",
+                  self.container.python, *argv[1:]]
+        return await SubprocessRunner().aexec(self.container.argv(inside), stdin=stdin, timeout=timeout)
+
+    def close(self) -> None:
+        self.container.kill()
+
+
 def test_cpu_of_a_sibling_made_with_clone_parent_counts(pool):
     """A process made with CLONE_PARENT is its maker's sibling (the zygote's or the runner's child,
     left unreaped): its CPU still counts against the test. The local sandbox refuses the flag
-    outright; the runner's own count is what holds on a remote sandbox, so it runs bare here too."""
-    from .task_helpers import SubprocessRunner
+    outright; the runner's own count is what holds on a remote sandbox, so it also runs in a
+    container as a remote service gives one (no seccomp filter; its own /tmp, never the host's)."""
 
     sibling = textwrap.dedent("""
         import ctypes, os, time
@@ -365,9 +389,10 @@ def test_cpu_of_a_sibling_made_with_clone_parent_counts(pool):
     tests = [{"input": "21\n", "output": "42\n"}]
     refused = _one(pool, sibling.format(each=0.2), _row(tests, time_limit=1.0))
     assert refused.status == "failed", refused.detail  # the local sandbox: no sibling at all
-    bare = SubprocessRunner()
+    bare = ContainerRunner()
     under, over = (score(bare, GenericTask(), [sibling.format(each=each)], _row(tests, time_limit=1.0))[0]
                    for each in (0.2, 0.7))
+    bare.close()
     assert under.status == "passed", under.detail  # positive control: the sibling was made and answered
     assert over.status == "timeout", over.detail
 
