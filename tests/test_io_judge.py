@@ -93,7 +93,7 @@ SEARCH = textwrap.dedent("""
     found = secret in data
     for root in ('/proc', '/tmp', '/dev/shm', '/var/tmp', '/work', os.getcwd(), '/'):
         for here, dirs, files in os.walk(root):
-            if here.count('/') > 4 or found:
+            if here.count('/') > (2 if root in ('/', '/proc') else 4) or found or (root == '/' and here.startswith('/usr')):
                 dirs[:] = []
                 continue
             for name in files:
@@ -210,7 +210,7 @@ def test_a_checker_accepts_any_right_answer_and_its_failures_are_not_the_program
         sys.exit(0 if a + b == n else 1)
     """)
     tests = [{"input": "10\n", "output": "5 5\n"}, {"input": "7\n", "output": "3 4\n"}]
-    row = _row(tests, checker=checker)
+    row = _row(tests, checker=checker, time_limit=0.5)  # a checker gets twice the test's CPU, at least 2 s
     other, wrong, garbage, hang = score(pool, GenericTask(), ["n = int(input())\nprint(1, n - 1)", "print(1, 1)",
                                                               "print('x y')", "print('hang')"], row)
     assert other.status == "passed", other.detail

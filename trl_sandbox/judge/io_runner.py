@@ -225,8 +225,9 @@ class Runner:
         process of the test is dead, so the answer file is never within the program's reach."""
         files = list(checker_files) + [("input.txt", test["input"].encode("utf-8", "surrogateescape"), 0o600),
                                        ("output.txt", out, 0o600), ("answer.txt", want, 0o600)]
-        got = self.contained(self.p["checker"]["run"] + ["input.txt", "output.txt", "answer.txt"], files, b"", 30.0,
-                             0, 60.0, 64 << 10, self.p["checker"].get("env"))
+        limit = checker_limit(float(test.get("time_limit") or self.p["time_limit"]))
+        got = self.contained(self.p["checker"]["run"] + ["input.txt", "output.txt", "answer.txt"], files, b"", limit,
+                             0, 2 * limit + 1, 64 << 10, self.p["checker"].get("env"))
         code = got["status"] >> 8 if os.WIFEXITED(got["status"]) and not got["why"] else -1
         if code == 0:
             return {"v": "AC", "detail": ""}
@@ -241,6 +242,11 @@ class Runner:
 
 class CheckerBroken(Exception):
     pass
+
+
+def checker_limit(time_limit):
+    """CPU seconds for one run of a checker: as much work as the program it checks, twice over."""
+    return max(2.0, 2 * time_limit)
 
 
 def read_exact(count):

@@ -32,7 +32,6 @@ IO_SOURCE: str = bare_source("\n".join(Path(__file__).with_name(name).read_text(
 IO_ARGV: tuple[str, ...] = ("python3", "-I", "-c", IO_SOURCE)
 # Seconds on top of the sum of the limits: the runner's own work, forks, copies of the build.
 MARGIN_S = 2.0
-CHECKER_LIMIT_S = 30.0  # the runner's CPU limit for one run of a dataset's checker
 KINDS = ("WA", "TLE", "MLE", "RE", "CE")
 
 
@@ -64,7 +63,8 @@ def build_io_program(
     if checker is not None:
         checker_language, checker_source = checker
         payload["checker"] = {**checker_language.payload(checker_source), "source": checker_source}
-        budget += compile_time + CHECKER_LIMIT_S * len(tests)
+        # Per test, a checker run and (when it fails) a second one on the expected answer.
+        budget += compile_time + sum(2 * max(2.0, 2 * float(t.get("time_limit") or time_limit)) for t in tests)
     # Two frames: the runner forks the warm interpreter after the first and before the tests.
     stdin = b"".join(_frame(json.dumps(part, ensure_ascii=False).encode("utf-8", "surrogatepass"))
                      for part in (payload, cases))
