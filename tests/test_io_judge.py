@@ -438,3 +438,27 @@ def test_function_call_rows_of_the_published_layouts(pool):
                      [apps, apps, apps, lcb, apps])
     assert [o.status for o in outcomes] == ["passed", "passed", "failed", "passed", "error"], [o.detail for o in outcomes]
     assert (outcomes[2].passed, outcomes[2].total) == (1, 2)  # [5, 5] is right either way round
+
+
+def test_a_program_slow_on_every_test_cannot_outlast_the_reward_deadline(pool):
+    """A failing program that spends nearly its limit on every test (or sleeps on each) would hold
+    the sandbox past the reward call's deadline and score None instead of its failure: after two
+    time limits, or its total time, the rest are time limits without running."""
+    import time
+
+    burn = textwrap.dedent("""
+        import time
+        end = time.process_time() + 0.4
+        while time.process_time() < end:
+            pass
+        print(int(input()) * 2)
+    """)
+    tests = [{"input": f"{n}\n", "output": f"{n * 2}\n"} for n in range(6)]
+    capped, roomy = score(pool, GenericTask(), [burn, burn],
+                          [_row(tests, time_limit=1.0, total_time_limit=1.0), _row(tests, time_limit=1.0, total_time_limit=10)])
+    assert roomy.status == "passed", roomy.detail  # positive control: within its total, every test runs and passes
+    assert capped.status == "timeout" and 2 <= capped.passed <= 4 and "not run" in str(capped), capped
+    start = time.monotonic()
+    sleeper = _one(pool, "import time\ntime.sleep(60)", _row([{"input": "\n", "output": "x\n"}] * 20, time_limit=0.5))
+    assert sleeper.status == "timeout" and sleeper.passed == 0
+    assert time.monotonic() - start < 15  # two backstops, not twenty

@@ -26,8 +26,10 @@ test in a fresh process and decides each test's verdict itself; its one stdout l
 import binascii
 import json
 import os
+import time
 
 MARKER = "@@trl-sandbox-verdict@@"
+MAX_LATE = 2  # time limits after which a program's remaining tests are not run
 
 if "run" not in globals():
     # On the host (tests, linters) the process helpers are a module of their own. Sent to a sandbox,
@@ -278,13 +280,22 @@ def main():
             if checker is None:
                 raise CheckerBroken(f"the checker does not compile: {answer.get('message', '')}")
         if files is not None:
-            failed = False
+            failed, late, spent, begun = False, 0, 0.0, time.monotonic()
+            total = float(payload.get("total_time_limit") or 60.0)
             for index, test in enumerate(payload["tests"]):
                 if failed and payload.get("stop_on_fail"):
                     verdict["tests"].append({"v": "skipped", "cpu": 0})
                     continue
+                # A program slow on every test (or asleep on each) must not hold the sandbox past the
+                # reward call's deadline, where its failure would score None: past two time limits,
+                # or its total CPU (wall: twice that), the rest are time limits without running.
+                if late >= MAX_LATE or spent > total or time.monotonic() - begun > 2 * total:
+                    verdict["tests"].append({"v": "TLE", "cpu": 0, "detail": "not run: the program's time is spent"})
+                    continue
                 verdict["tests"].append(runner.judge(index, test, files, checker))
                 failed = failed or verdict["tests"][-1]["v"] != "AC"
+                late += verdict["tests"][-1]["v"] == "TLE"
+                spent += float(verdict["tests"][-1].get("cpu") or 0)
     except CheckerBroken as exc:
         verdict["task_error"] = str(exc)
     if runner.warm is not None:

@@ -48,6 +48,7 @@ def build_io_program(
     checker: tuple[Language, str] | None = None,
     stop_on_fail: bool = False,
     warm: bool = True,
+    total_time_limit: float = 60.0,
 ) -> Program:
     """The judged program for ``source``. ``tests`` are ``{input, output}`` (optionally with their
     own ``time_limit`` and ``memory_mb``); the expected outputs travel to the runner only."""
@@ -58,8 +59,11 @@ def build_io_program(
         "lang": language.payload(source), "source": source, "compare": compare, "warm": warm,
         "time_limit": float(time_limit), "memory_mb": int(memory_mb), "compile_time": float(compile_time),
         "compile_memory_mb": int(compile_memory_mb), "stop_on_fail": bool(stop_on_fail),
+        "total_time_limit": float(total_time_limit),
     }
-    budget = compile_time + sum(float(t.get("time_limit") or time_limit) for t in tests) + MARGIN_S
+    limits = [float(t.get("time_limit") or time_limit) for t in tests]
+    # The runner stops a program after two time limits or its total: its budget is no more than that.
+    budget = compile_time + min(sum(limits), total_time_limit + 2 * max(limits, default=0)) + MARGIN_S
     if checker is not None:
         checker_language, checker_source = checker
         payload["checker"] = {**checker_language.payload(checker_source), "source": checker_source}

@@ -22,6 +22,9 @@ columns:
     failure, scored ``infra``). Python by default.
 ``time_limit`` (CPU seconds per test, default 2), ``memory_limit`` (MB per test, default 256),
 ``stop_at_first_failure`` (bool, default false: every test runs, for partial credit),
+``total_time_limit`` (CPU seconds for all of a program's tests, default 60; after it, or after two
+time limits, the remaining tests are time limits without running: a program slow on every test
+must not hold its sandbox past the reward call's deadline, where its failure would score None),
 ``compile_time_limit`` (CPU seconds, default 10), ``extract``, ``task_id``.
 """
 
@@ -58,6 +61,7 @@ class IOTask:
     checker: tuple[Language, str] | None = None
     stop_on_fail: bool = False
     extract: str = "auto"
+    total_time_limit: float = 60.0
 
     @property
     def total(self) -> int:
@@ -143,6 +147,7 @@ def io_task(row: Mapping[str, Any], tests: Sequence[tuple[str, str]] | None = No
         checker=checker,
         stop_on_fail=bool(row.get("stop_at_first_failure") or False),
         extract=extract,
+        total_time_limit=_number(row, "total_time_limit", 60.0),
     )
 
 
@@ -178,7 +183,7 @@ def build_io(task: IOTask, completion: Any) -> Program | Outcome:
     return build_io_program(
         language, code, [{"input": i, "output": o} for i, o in task.tests], compare=task.compare,
         time_limit=task.time_limit, memory_mb=task.memory_mb, compile_time=task.compile_time,
-        checker=task.checker, stop_on_fail=task.stop_on_fail,
+        checker=task.checker, stop_on_fail=task.stop_on_fail, total_time_limit=task.total_time_limit,
     )
 
 
