@@ -22,7 +22,7 @@ from typing import Any
 
 from trl_sandbox.judge.languages import Language
 from trl_sandbox.judge.sent_source import bare_source
-from trl_sandbox.judge.verdict import _no_verdict, parse_verdict
+from trl_sandbox.judge.verdict import _frame, verdict_of
 from trl_sandbox.sandbox import ExecResult, Outcome, Program
 
 IO_SOURCE: str = bare_source("\n".join(Path(__file__).with_name(name).read_text(encoding="utf-8")
@@ -75,17 +75,11 @@ def build_io_program(
     return Program(argv=IO_ARGV, stdin=stdin, timeout=budget, nonce_on_stdin=True)
 
 
-def _frame(data: bytes) -> bytes:
-    return len(data).to_bytes(4, "big") + data
-
-
 def io_outcome(result: ExecResult, nonce: bytes | None, total: int) -> Outcome:
     """Score one execution of the I/O judge (see the module docstring)."""
-    verdict = None if result.timed_out else parse_verdict(result, nonce)
-    if verdict is None:
-        return _no_verdict(result, total)
-    if verdict.task_error:
-        return Outcome("infra", total=total, detail=f"task error: {verdict.task_error}"[:500])
+    verdict = verdict_of(result, nonce, total)
+    if isinstance(verdict, Outcome):
+        return verdict
     if not verdict.loaded:
         load = verdict.load
         if load.get("kind") == "toolchain":

