@@ -115,7 +115,9 @@ def test_not_io_rows_are_left_to_the_other_styles():
     (b"YES", b"yes", "tokens", True),
     (b"0.3333333", b"0.333333333", "tokens", True),
     (b"1000001", b"1000000", "tokens", False),  # integers compare exactly, whatever the tolerance
-    (b"1e6", b"1000001", "tokens", True),       # a real number written as one is within 1e-5 relative
+    (b"1e6", b"1000001", "tokens", False),      # an integer answer needs that integer, not a float near it
+    (b"1000000.5", b"1000000.0", "tokens", True),  # a real answer: within 1e-5 relative
+    (b"+7", b"7", "tokens", True),
     (b"3", b"3 4", "tokens", False),            # a prefix of the answer is wrong
     (b"3\n4\n", b"3\n4\n5\n", "lines", False),  # ... in every mode
     (b"3 \n4\n\n", b"3\n4", "lines", True),

@@ -515,3 +515,36 @@ def test_a_candidate_that_fills_the_process_limit_leaves_the_next_judged_program
         result, nonce = judged("def f(x):\n    return x * x\n", check_spec(["assert f(3) == 9"], bind=["f"]))
         assert check_outcome(result, nonce, 1).status == "passed", result
     box.reset()
+
+
+def test_a_floats_approximation_of_an_integer_answer_is_wrong():
+    """Whole programs on stdin/stdout: an answer of 10**18 + 3 printed through a float comes out as
+    1e+18, within any relative tolerance of the answer, and wrong. The same program with integer
+    arithmetic passes (the positive control)."""
+    from trl_sandbox.pool.sandbox_pool import SandboxPool
+    from trl_sandbox.scoring.scorer import Scorer
+
+    row = {"task_id": "big", "tests": [{"input": f"{n}\n", "output": f"{10**18 + n}\n"} for n in (3, 7)]}
+    with SandboxPool.open("local", size=1, made_by="test-hostile-io") as pool:
+        through_float, exact = Scorer(pool, cache_size=0).score(
+            ["n = int(input())\nprint(float(10**18 + n))", "n = int(input())\nprint(10**18 + n)"], [row, row])
+    assert exact.status == "passed", exact.detail
+    assert through_float.status == "failed" and through_float.reward == 0.0, through_float
+
+
+def test_a_program_that_kills_or_stops_the_io_judge_scores_its_failure_never_none():
+    """A whole program's parent is the I/O judge (or its warm interpreter): killing everything it
+    may signal, or stopping its parent, test after test (the second stop reaches the judge itself),
+    ends in -1 for the program, never None, and the next program in that sandbox is judged right."""
+    from trl_sandbox.pool.sandbox_pool import SandboxPool
+    from trl_sandbox.scoring.scorer import Scorer
+
+    row = {"task_id": "s", "tests": [{"input": "1\n", "output": "2\n"}] * 2, "time_limit": 0.2, "compile_time_limit": 0.5}
+    stop = "import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)\nprint(2)"
+    kill_all = "import os\nfor target in (-1, 1, os.getppid()):\n    try:\n        os.kill(target, 9)\n    except OSError:\n        pass\nprint(2)"
+    with SandboxPool.open("local", size=1, made_by="test-hostile-io") as pool:
+        scorer = Scorer(pool, cache_size=0)
+        outcomes = scorer.score([stop, kill_all], [row, row])
+        honest = scorer.score(["print(int(input()) * 2)"], [row])[0]
+    assert [o.reward for o in outcomes] == [-1.0, -1.0], outcomes
+    assert honest.status == "passed", honest.detail  # positive control, after both, in the same sandbox

@@ -51,16 +51,19 @@ def _is_integer(token):
 
 
 def same_tokens(got, want, tolerance):
-    """Whitespace-separated tokens: equal (case-insensitively), or numbers within ``tolerance``
-    (absolute or relative) where either is written as a real number; integers compare exactly."""
+    """Whitespace-separated tokens: equal (case-insensitively), or real numbers within ``tolerance``
+    (absolute or relative) where the answer holds a real number. An integer in the answer is matched
+    only by the same integer: ``1e18`` (a float's approximation) is not 1000000000000000003."""
     a, b = got.split(), want.split()
     if len(a) != len(b):
         return False
     for x, y in zip(a, b):
         if x == y or x.lower() == y.lower():
             continue
-        if _is_integer(x) and _is_integer(y):
-            return False
+        if _is_integer(y):
+            if not (_is_integer(x) and int(x) == int(y)):
+                return False
+            continue
         p, q = _number(x), _number(y)
         if p is None or q is None or abs(p - q) > tolerance * max(1.0, abs(q)):
             return False
