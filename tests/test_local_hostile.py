@@ -530,21 +530,3 @@ def test_a_floats_approximation_of_an_integer_answer_is_wrong():
             ["n = int(input())\nprint(float(10**18 + n))", "n = int(input())\nprint(10**18 + n)"], [row, row])
     assert exact.status == "passed", exact.detail
     assert through_float.status == "failed" and through_float.reward == 0.0, through_float
-
-
-def test_a_program_that_kills_or_stops_the_io_judge_scores_its_failure_never_none():
-    """A whole program's parent is the I/O judge (or its warm interpreter): killing everything it
-    may signal, or stopping its parent, test after test (the second stop reaches the judge itself),
-    ends in -1 for the program, never None, and the next program in that sandbox is judged right."""
-    from trl_sandbox.pool.sandbox_pool import SandboxPool
-    from trl_sandbox.scoring.scorer import Scorer
-
-    row = {"task_id": "s", "tests": [{"input": "1\n", "output": "2\n"}] * 2, "time_limit": 0.2, "compile_time_limit": 0.5}
-    stop = "import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)\nprint(2)"
-    kill_all = "import os\nfor target in (-1, 1, os.getppid()):\n    try:\n        os.kill(target, 9)\n    except OSError:\n        pass\nprint(2)"
-    with SandboxPool.open("local", size=1, made_by="test-hostile-io") as pool:
-        scorer = Scorer(pool, cache_size=0)
-        outcomes = scorer.score([stop, kill_all], [row, row])
-        honest = scorer.score(["print(int(input()) * 2)"], [row])[0]
-    assert [o.reward for o in outcomes] == [-1.0, -1.0], outcomes
-    assert honest.status == "passed", honest.detail  # positive control, after both, in the same sandbox

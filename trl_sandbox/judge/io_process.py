@@ -8,9 +8,16 @@ import resource
 import signal
 import time
 
+if "guard_program" not in globals():
+    # On the host the filter's rules are a module of their own; sent to a sandbox, its text runs first.
+    from trl_sandbox.judge.guard import guard_program
+
 SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")
 TICK = os.sysconf("SC_CLK_TCK")
-ERR_FLOOD = 16 << 20  # bytes of stderr after which a test is ended as an output flood
+ERR_FLOOD = 16 << 20
+# Processes a filter names at most (the lowest numbers: the sandbox's own and the judge's ancestors
+# come first); a sandbox holds a handful when a program starts.
+GUARDED_MAX = 256  # bytes of stderr after which a test is ended as an output flood
 
 
 def prctl(option, arg):
@@ -21,6 +28,31 @@ def prctl(option, arg):
         return libc.prctl(option, arg, 0, 0, 0) == 0
     except Exception:
         return False
+
+
+def guard(spare=()):
+    """Keep every process this one starts from now on off every process that exists now (this one,
+    its parent and all above it, the sandbox's own, their process groups) but ``spare``: a seccomp
+    filter on this process (``judge/guard.py``), which all it starts inherits and
+    cannot shed. A test can then signal, stop, renice or re-limit only what did not exist before it
+    ran: its own processes. None when the filter holds, else why not."""
+    try:
+        import ctypes
+
+        here = {int(name) for name in os.listdir("/proc") if name.isdigit()} if os.path.isdir("/proc/self") else set()
+        protect = sorted(({os.getpid(), os.getppid(), os.getpgrp()} | here) - set(spare) - {0})
+        code = guard_program(os.uname().machine, protect[:GUARDED_MAX])
+
+        class Fprog(ctypes.Structure):
+            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+
+        prog = Fprog(len(code) // 8, code)
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(38, 1, 0, 0, 0) != 0 or libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:
+            return f"seccomp: {os.strerror(ctypes.get_errno())}"  # PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP
+    except Exception as exc:  # noqa: BLE001 - any failure is the sandbox's, reported as such
+        return str(exc) or type(exc).__name__
+    return None
 
 
 def children(pid):
@@ -173,6 +205,11 @@ def enter(cwd, stdin_fd, out_fd, err_fd, cpu, memory_mb):
     if memory_mb:
         lower(resource.RLIMIT_AS, memory_mb << 20)
     lower(resource.RLIMIT_CORE, 0)
+    try:  # the kernel's OOM killer takes a test before the runner (raising one's own score needs no right)
+        with open("/proc/self/oom_score_adj", "w") as fh:
+            fh.write("1000")
+    except OSError:
+        pass
     for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
         signal.signal(sig, signal.SIG_DFL)
 

@@ -34,7 +34,7 @@ MAX_LATE = 2  # time limits after which a program's remaining tests are not run
 if "run" not in globals():
     # On the host (tests, linters) the process helpers are a module of their own. Sent to a sandbox,
     # their text runs first (``trl_sandbox.judge.io_verdict``) and has defined these names.
-    from trl_sandbox.judge.io_process import Cold, kill_all, prctl, remove, run, scratch_entries
+    from trl_sandbox.judge.io_process import Cold, guard, kill_all, prctl, remove, run, scratch_entries
     from trl_sandbox.judge.io_warm import WARM_ARGV, Warm, WarmGone
 
 
@@ -249,6 +249,10 @@ class CheckerBroken(Exception):
     pass
 
 
+class Unguarded(Exception):
+    """The sandbox refused the filter that keeps tests off the runner: no test runs unguarded."""
+
+
 def checker_limit(time_limit):
     """CPU seconds for one run of a checker: as much work as the program it checks, twice over."""
     return max(2.0, 2 * time_limit)
@@ -268,6 +272,9 @@ def main():
     nondumpable = prctl(4, 0)  # PR_SET_DUMPABLE
     prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
     warm = Warm()  # forked before anything of stdin is read: it never holds the nonce or a test
+    # No process this runner starts may signal, stop, renice or re-limit it or any other process
+    # that exists now (the zygote guards itself and the runner); the runner may still end the zygote.
+    unguarded = guard(spare=(warm.pid,) if warm.pid else ())
     nonce = read_exact(16)
     payload = json.loads(read_exact(int.from_bytes(read_exact(4), "big")).decode("utf-8", "surrogateescape"))
     verdict = {"v": 1, "nondumpable": nondumpable, "tests": []}
@@ -276,6 +283,8 @@ def main():
     payload["tests"] = json.loads(read_exact(int.from_bytes(read_exact(4), "big")).decode("utf-8", "surrogateescape"))
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     try:
+        if unguarded is not None:  # decided before any of the program's processes exists
+            raise Unguarded(unguarded)
         files, verdict["load"] = runner.build(payload["lang"], payload["source"])
         checker = None
         if files is not None and payload.get("checker"):
@@ -301,6 +310,8 @@ def main():
                 spent += float(verdict["tests"][-1].get("cpu") or 0)
     except CheckerBroken as exc:
         verdict["task_error"] = str(exc)
+    except Unguarded as exc:
+        verdict["load"] = {"ok": False, "kind": "infra", "message": f"the sandbox refuses the judge's seccomp filter: {exc}"}
     if runner.warm is not None:
         runner.warm.stop()
     kill_all()

@@ -25,8 +25,9 @@ from trl_sandbox.judge.sent_source import bare_source
 from trl_sandbox.judge.verdict import _frame, verdict_of
 from trl_sandbox.sandbox import ExecResult, Outcome, Program
 
+# The guard's rules first: the runner puts them on itself (``io_process.guard``).
 IO_SOURCE: str = bare_source("\n".join(Path(__file__).with_name(name).read_text(encoding="utf-8")
-                                       for name in ("io_process.py", "io_warm.py", "io_runner.py")))
+                                       for name in ("guard.py", "io_process.py", "io_warm.py", "io_runner.py")))
 # -I without -S: Python programs run in forks of this interpreter, with the site-packages a fresh
 # ``python3 -I main.py`` would have.
 IO_ARGV: tuple[str, ...] = ("python3", "-I", "-c", IO_SOURCE)
@@ -84,6 +85,8 @@ def io_outcome(result: ExecResult, nonce: bytes | None, total: int) -> Outcome:
         load = verdict.load
         if load.get("kind") == "toolchain":
             return Outcome("infra", total=total, detail=f"the sandbox lacks the toolchain: {load.get('message', '')}"[:500])
+        if load.get("kind") == "infra":
+            return Outcome("infra", total=total, detail=str(load.get("message", ""))[:500])
         return Outcome("error", total=total, detail=f"CE: {load.get('message', '')}"[:500], tests=(False,) * total)
     kinds = [str(t.get("v")) if isinstance(t, Mapping) else "RE" for t in verdict.tests[:total]]
     kinds += ["skipped"] * (total - len(kinds))

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from trl_sandbox.local.cgroups import SandboxGroup
 
 SUPERVISOR_DIR = Path(__file__).with_name("supervisor")
+# The seccomp rules that keep programs off the judges: the supervisor's filter uses them too.
+GUARD_RULES = Path(__file__).resolve().parent.parent / "judge" / "guard.py"
 # Inside the sandbox: the package under a name no program's module shadows, and its entry script.
 SUPERVISOR_PACKAGE = "/.trl-sandbox/_trl_sandbox_supervisor"
 SUPERVISOR_PATH = "/.trl-sandbox/supervisor.py"
@@ -69,7 +71,7 @@ KERNEL_HINT = (
 def supervisor_files() -> dict[str, bytes]:
     """Path inside the sandbox -> contents, for every file of the supervisor."""
     files = {SUPERVISOR_PATH: SUPERVISOR_ENTRY}
-    for path in sorted(SUPERVISOR_DIR.glob("*.py")):
+    for path in [*sorted(SUPERVISOR_DIR.glob("*.py")), GUARD_RULES]:
         files[f"{SUPERVISOR_PACKAGE}/{path.name}"] = path.read_bytes()
     return files
 

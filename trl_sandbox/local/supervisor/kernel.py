@@ -30,6 +30,14 @@ import ctypes
 import os
 import struct
 
+try:  # in the sandbox the guard's rules ride in this package (``local.command.supervisor_files``)
+    from . import guard as g
+except ImportError:  # on the host: the judge's module
+    from trl_sandbox.judge import guard as g
+
+ARCHES = g.ARCHES
+EPERM = g.EPERM
+
 CLONE_NEWNS = 0x00020000
 CLONE_NEWIPC = 0x08000000
 CLONE_NS_FLAGS = 0x7E020000  # NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
@@ -37,20 +45,13 @@ CLONE_NS_FLAGS = 0x7E020000  # NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | N
 # children the sweeps took for its waiting candidate), and sends its exit signal, any signal the
 # caller picks, there. No program needs it: without it a process's children, and their exit
 # signals, are its own (an orphan's exit signal becomes SIGCHLD to PID 1, which ignores it).
-CLONE_PARENT = 0x00008000
-CLONE_REFUSED = CLONE_NS_FLAGS | CLONE_PARENT
+CLONE_REFUSED = CLONE_NS_FLAGS | g.CLONE_PARENT
 MS_NOSUID, MS_NODEV, MS_NOATIME, MS_REC, MS_PRIVATE = 2, 4, 0x400, 0x4000, 0x40000
 MNT_DETACH = 2
 PR_SET_DUMPABLE, PR_SET_NAME, PR_SET_SECCOMP, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 4, 15, 22, 24, 38, 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
 SECCOMP_MODE_FILTER = 2
 CAPABILITY_VERSION_3 = 0x20080522
-EPERM, ENOSYS = 1, 38
-
-# seccomp_data: nr (s32) @0, arch (u32) @4, ip @8, args[6] (u64) @16; little-endian on both.
-RET_KILL_PROCESS, RET_ERRNO, RET_ALLOW = 0x80000000, 0x00050000, 0x7FFF0000
-LD_ABS, JEQ, JGE, JSET, RET = 0x20, 0x15, 0x35, 0x45, 0x06
-X32_SYSCALL_BIT = 0x40000000
 
 # Denied to every program (EPERM). Numbers from the kernel's uapi headers: x86_64, aarch64.
 DENIED = {
@@ -82,78 +83,6 @@ IPC_OBJECTS = {"shmget": (29, 194), "msgget": (68, 186), "semget": (64, 190), "m
 # Denied in memory mode "deny": memory a program could pin beyond RLIMIT_AS, and with it every
 # call that makes an IPC object (so no program needs an IPC namespace of its own in that mode).
 DENY_MODE = {**IPC_OBJECTS, "memfd_create": (319, 279)}
-CLONE, CLONE3 = (56, 220), (435, 435)
-# prlimit64 on another process needs only the same uid (no ptrace access, so non-dumpable is no
-# shield): a program could lower the supervisor's or the judge's limits (descriptors, CPU, address
-# space) and break the next program. Allowed on itself (pid 0, what setrlimit() sends) and to read.
-PRLIMIT64 = (302, 261)
-# The candidates of a judge that stays resident across programs (``resident``) get a filter that
-# keeps their hands off it and off the process that forks them (``protect``, their pids P): (system
-# call numbers, argument, values refused). Signals to P, to its process group or to -1 (everyone);
-# scheduling, nice and I/O priority of P, of its group or of every process of the user.
-# pidfd_send_signal is refused outright (it also takes a /proc/<pid> directory, which a filter
-# cannot tell from another).
-EVERYONE = 0xFFFFFFFF
-
-
-def protect_rules(pids):
-    pids = tuple(pids)
-    targets = pids + tuple(-pid & 0xFFFFFFFF for pid in pids) + (EVERYONE,)
-    return [
-        ((62, 129), 0, targets),                         # kill
-        ((129, 138), 0, targets),                        # rt_sigqueueinfo
-        ((200, 130), 0, pids),                           # tkill
-        ((234, 131), 0, pids),                           # tgkill
-        ((297, 240), 0, pids),                           # rt_tgsigqueueinfo
-        ((141, 140), 0, (2,)),                           # setpriority(PRIO_USER, ...)
-        ((141, 140), 1, pids),                           # setpriority(PRIO_PROCESS or PRIO_PGRP, P)
-        ((251, 30), 0, (3,)),                            # ioprio_set(IOPRIO_WHO_USER, ...)
-        ((251, 30), 1, pids),                            # ioprio_set(IOPRIO_WHO_PROCESS or _PGRP, P)
-        ((203, 122), 0, pids),                           # sched_setaffinity
-        ((144, 119), 0, pids),                           # sched_setscheduler
-        ((142, 118), 0, pids),                           # sched_setparam
-        ((314, 274), 0, pids),                           # sched_setattr
-    ]
-
-
-PIDFD_SEND_SIGNAL = (424, 424)
-
-# Descriptor ownership: the kernel sends a descriptor's async I/O signal (SIGIO, or any signal set
-# with F_SETSIG, SIGKILL and SIGSTOP included) and SIGURG to its owner, with the credentials of the
-# process that set the owner, so the owner is one more way to signal a process. For a resident
-# judge's candidates: F_SETOWN toward the protected pids or their groups is refused like kill();
-# F_SETOWN_EX and the ioctls FIOSETOWN, SIOCSPGRP and TIOCSPGRP pass the owner by pointer, which a
-# filter cannot read, and are refused outright (F_SETOWN does all they do, and nothing in Python's
-# standard library uses them). Numbers: x86_64, aarch64; the commands are the same on both.
-IOCTL, FCNTL = (16, 29), (72, 25)
-F_SETOWN, F_SETOWN_EX = 8, 15
-OWNER_IOCTLS = (0x8901, 0x8902, 0x5410)  # FIOSETOWN, SIOCSPGRP, TIOCSPGRP
-
-
-def owner_blocks(column, pids):
-    """``[(number, instructions)]``: the ioctl and fcntl checks of a candidate's filter. Each block
-    is entered only for its call and ends in a verdict; a common command costs its comparisons."""
-
-    def ins(code, k, jt=0, jf=0):
-        return struct.pack("<HBBI", code, jt, jf, k)
-
-    n = len(OWNER_IOCTLS)
-    ioctl = [ins(LD_ABS, 24)]          # the request, low half
-    ioctl += [ins(JEQ, cmd, n - i, 0) for i, cmd in enumerate(OWNER_IOCTLS)]
-    ioctl += [ins(RET, RET_ALLOW), ins(RET, RET_ERRNO | EPERM)]
-    pids = tuple(pids)
-    targets = pids + tuple(-pid & 0xFFFFFFFF for pid in pids) + (EVERYONE,)
-    m = len(targets)
-    fcntl = [
-        ins(LD_ABS, 24),               # the command, low half
-        ins(JEQ, F_SETOWN_EX, 3 + m, 0),
-        ins(JEQ, F_SETOWN, 0, 1 + m),
-        ins(LD_ABS, 32),               # F_SETOWN's pid (a group: negative), low half
-    ]
-    fcntl += [ins(JEQ, t, m - i, 0) for i, t in enumerate(targets)]
-    fcntl += [ins(RET, RET_ALLOW), ins(RET, RET_ERRNO | EPERM)]
-    return [(IOCTL[column], ioctl), (FCNTL[column], fcntl)]
-ARCHES = {"x86_64": (0, 0xC000003E), "aarch64": (1, 0xC00000B7), "arm64": (1, 0xC00000B7)}
 
 LIBC = None
 
@@ -191,72 +120,38 @@ def seccomp_program(machine, memory_mode, protect=None):
         denied += [nrs[column] for nrs in DENY_MODE.values()]
     if protect is not None:
         denied += [nrs[column] for nrs in IPC_OBJECTS.values()]
-        denied.append(PIDFD_SEND_SIGNAL[column])
+        denied.append(g.PIDFD_SEND_SIGNAL[column])
     ins = []
 
     def op(code, k, jt=0, jf=0):
         ins.append(struct.pack("<HBBI", code, jt, jf, k))
 
-    op(LD_ABS, 4)                      # arch
-    op(JEQ, audit_arch, 1, 0)
-    op(RET, RET_KILL_PROCESS)
-    op(LD_ABS, 0)                      # syscall number
-    if column == 0:
-        op(JGE, X32_SYSCALL_BIT, 0, 1)
-        op(RET, RET_ERRNO | EPERM)
-    rules = protect_rules(protect) if protect is not None else []
+    ins.extend(g.arch_check(column, audit_arch))
+    rules = g.protect_rules(protect) if protect is not None else []
     # Calls whose arguments decide (ioctl, fcntl: the owner of a descriptor's async I/O signals):
     # each a block of its own, reached by one comparison of the number.
-    specials = owner_blocks(column, protect) if protect is not None else []
+    specials = g.owner_blocks(column, protect) if protect is not None else []
     numbers = sorted(set(n for n in denied if n is not None))
-    rest = numbers + [CLONE[column], CLONE3[column], PRLIMIT64[column]] + [nrs[column] for nrs, _, _ in rules]
+    rest = numbers + [g.CLONE[column], g.CLONE3[column], g.PRLIMIT64[column]] + [nrs[column] for nrs, _, _ in rules]
     # The calls programs make most (read, write, mmap, ... on x86_64) are below every number
     # this filter looks at: allow them after one comparison (and one per special call below
     # them, ioctl on x86_64: two) instead of a walk down the list.
     lowest = min(rest)
     for nr, block in specials:
         if nr < lowest:
-            op(JEQ, nr, 0, len(block))
+            op(g.JEQ, nr, 0, len(block))
             ins.extend(block)
-    op(JGE, lowest, 1, 0)
-    op(RET, RET_ALLOW)
+    op(g.JGE, lowest, 1, 0)
+    op(g.RET, g.RET_ALLOW)
     for nr, block in specials:
         if nr >= lowest:
-            op(JEQ, nr, 0, len(block))
+            op(g.JEQ, nr, 0, len(block))
             ins.extend(block)
-    # One block per rule: not this call, next block; the argument's low half (pids, "which"
-    # and priorities are 32 bits) one of the values, EPERM; else on to the next block (a call
-    # may have two rules), reloading the number.
-    for nrs, arg, values in rules:
-        op(JEQ, nrs[column], 0, len(values) + 3)
-        op(LD_ABS, 16 + 8 * arg)
-        for i, value in enumerate(values):
-            op(JEQ, value, len(values) - i, 0)
-        op(JEQ, 0, 1, 1)               # (always) past the EPERM
-        op(RET, RET_ERRNO | EPERM)
-        op(LD_ABS, 0)                  # the syscall number again, for the next block
+    ins.extend(g.rule_blocks(column, rules))
     for nr in numbers:
-        op(JEQ, nr, 0, 1)
-        op(RET, RET_ERRNO | EPERM)
-    op(JEQ, PRLIMIT64[column], 0, 10)
-    op(LD_ABS, 16)                     # prlimit64: pid, low half
-    op(JEQ, 0, 0, 2)
-    op(LD_ABS, 20)                     # pid, high half
-    op(JEQ, 0, 4, 0)                   # pid 0: ourselves
-    op(LD_ABS, 32)                     # new_limit, low half
-    op(JEQ, 0, 0, 3)
-    op(LD_ABS, 36)                     # new_limit, high half
-    op(JEQ, 0, 0, 1)                   # NULL: only reading another process's limits
-    op(RET, RET_ALLOW)
-    op(RET, RET_ERRNO | EPERM)
-    op(JEQ, CLONE3[column], 0, 1)
-    op(RET, RET_ERRNO | ENOSYS)
-    op(JEQ, CLONE[column], 1, 0)
-    op(RET, RET_ALLOW)
-    op(LD_ABS, 16)                     # clone: the low half of the flags
-    op(JSET, CLONE_REFUSED, 0, 1)
-    op(RET, RET_ERRNO | EPERM)
-    op(RET, RET_ALLOW)
+        op(g.JEQ, nr, 0, 1)
+        op(g.RET, g.RET_ERRNO | EPERM)
+    ins.extend(g.prlimit_and_clone(column, CLONE_REFUSED))
     return b"".join(ins)
 
 
