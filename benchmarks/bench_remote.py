@@ -15,8 +15,12 @@ injected latency (create 1 s, exec 50 ms), a batch of ``completions`` programs r
   before the lease launcher (the reset is one more exec round trip; leftovers survive).
 * ``bare: create per completion``: ``AsyncDaytona.create`` + ``process.exec`` + ``delete`` for each
   completion, all at once (CoreWeave's and E2B's RL examples).
+* ``trl-sandbox pool (no resident launcher)``: clean leases with a launcher sent with every exec
+  (``resident_launcher=False``: a second Python interpreter per program).
 * ``bare: round-robin pool``: ``pool`` sandboxes created up front, completions spread over them in
-  turn, no reset between programs (a shared, dirty sandbox).
+  turn, no reset between programs (a shared, dirty sandbox): all at once, several per sandbox.
+* ``bare: round-robin, one program per sandbox at a time``: the same, a sandbox running one program
+  at a time as a lease does (what cleanliness costs, apart from sharing a sandbox between programs).
 
 Each runs once quiet and then once per seed with 20% transient faults on creates and execs and 5%
 vanishing sandboxes. Reported per run: the batch's latency (the reward call), programs scored
@@ -57,9 +61,9 @@ def correct(i: int, stdout: str | None, exit_code: int | None) -> bool:
     return exit_code == 0 and stdout == f"{i * i}\n"
 
 
-def run_pool(fake: FakeDaytona, work: str, n: int, size: int, clean: bool = True) -> dict:
+def run_pool(fake: FakeDaytona, work: str, n: int, size: int, clean: bool = True, resident: bool = True) -> dict:
     provider = make_provider("daytona", {"api_key": API_KEY, "api_url": fake.api_url, "work_dir": f"{work}/{{id}}",
-                                         "clean_leases": clean})
+                                         "clean_leases": clean, "resident_launcher": resident})
     settings = PoolSettings(backoff_initial_s=0.05, backoff_max_s=0.5, lease_timeout_s=120.0, outage_s=120.0)
     pool = SandboxPool(provider, size=size, settings=settings, made_by="benchmark")
     t0 = time.perf_counter()
@@ -127,18 +131,21 @@ async def _bare_per_completion(n: int) -> dict:
     return {"latency_s": latency, "warmup_s": 0.0, "scored": sum(results)}
 
 
-async def _bare_round_robin(n: int, size: int) -> dict:
+async def _bare_round_robin(n: int, size: int, one_at_a_time: bool = False) -> dict:
     client = await _bare_client()
     t0 = time.perf_counter()
     made = await asyncio.gather(*(client.create(_params(), timeout=60) for _ in range(size)), return_exceptions=True)
     sandboxes = [s for s in made if not isinstance(s, BaseException)]
     warm = time.perf_counter() - t0
 
+    turns = [asyncio.Semaphore(1 if one_at_a_time else n) for _ in sandboxes]
+
     async def one(i: int) -> bool:
         if not sandboxes:
             return False
         try:
-            response = await sandboxes[i % len(sandboxes)].process.exec(_command(i), timeout=10)
+            async with turns[i % len(sandboxes)]:
+                response = await sandboxes[i % len(sandboxes)].process.exec(_command(i), timeout=10)
             return correct(i, response.result, response.exit_code)
         except Exception:
             return False
@@ -166,8 +173,12 @@ def measure(way: str, n: int, size: int, seed: int | None) -> dict:
                 row = run_pool(fake, work, n, size)
             elif way == "trl-sandbox pool (reset by its own exec)":
                 row = run_pool(fake, work, n, size, clean=False)
+            elif way == "trl-sandbox pool (no resident launcher)":
+                row = run_pool(fake, work, n, size, resident=False)
             elif way == "bare: create per completion":
                 row = asyncio.run(_bare_per_completion(n))
+            elif way == "bare: round-robin, one program per sandbox at a time":
+                row = asyncio.run(_bare_round_robin(n, size, one_at_a_time=True))
             else:
                 row = asyncio.run(_bare_round_robin(n, size))
         fake.chaos(None)
@@ -187,7 +198,8 @@ def main() -> None:
     ap.add_argument("--ways", default="", help="comma-separated subset of the ways (default: all)")
     args = ap.parse_args()
     seeds = [None] * max(1, args.rounds) + [int(s) for s in args.seeds.split(",") if s]
-    ways = ["trl-sandbox pool", "bare: round-robin pool", "trl-sandbox pool (reset by its own exec)",
+    ways = ["trl-sandbox pool", "bare: round-robin pool", "trl-sandbox pool (no resident launcher)",
+            "bare: round-robin, one program per sandbox at a time", "trl-sandbox pool (reset by its own exec)",
             "bare: create per completion"]
     if args.ways:
         ways = [w for w in ways if w in args.ways.split(",")]
@@ -210,12 +222,21 @@ def main() -> None:
             ratios.append(got["trl-sandbox pool"] / got["bare: round-robin pool"])
     if ratios:
         print("clean lease / bare round-robin (quiet rounds): " + ", ".join(f"{r:.2f}x" for r in ratios))
+    exclusive = []
+    for i in range(len(seeds)):
+        got = {r["way"]: r["latency_s"] for r in rows if r["round"] == i and r["seed"] is None}
+        if "trl-sandbox pool" in got and "bare: round-robin, one program per sandbox at a time" in got:
+            exclusive.append(got["trl-sandbox pool"] / got["bare: round-robin, one program per sandbox at a time"])
+    if exclusive:
+        print("clean lease / bare round-robin one at a time (quiet rounds): "
+              + ", ".join(f"{r:.2f}x" for r in exclusive))
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     from importlib.metadata import version
 
     RESULTS.write_text(json.dumps({"machine": {**machine(), "daytona": version("daytona")}, "latency": LATENCY,
                                    "completions": args.completions, "pool": args.pool, "rows": rows,
-                                   "clean_over_round_robin": ratios}, indent=2))
+                                   "clean_over_round_robin": ratios,
+                                   "clean_over_round_robin_one_at_a_time": exclusive}, indent=2))
 
 
 if __name__ == "__main__":

@@ -1,36 +1,29 @@
 """The launcher that runs every program inside a remote sandbox (Daytona, CoreWeave): a clean lease
-without an extra round trip. Sent as ``python3 -I -S -c SOURCE SPEC_JSON ARGV...`` with each exec;
-standard library only, Python 3.8+, Linux. Nothing of it is left in the sandbox between execs, so a
-program cannot change it.
-
-What one run does, in this order, before the program gets control:
+without an extra round trip. Sent with each exec (``python3 -I -S -c SOURCE SPEC ARGV...``, or forked
+by the resident launcher, ``launcher_resident``); standard library only, Python 3.8+, Linux. Before
+the program gets control, in this order:
 
 1. In ``sweep`` mode (namespaces refused by the image), kill every process the sandbox did not
    have when it was made but this launcher and its ancestors (``launcher_cleaning.sweep``).
 2. If a reset is due, empty ``/tmp``, ``/var/tmp``, ``/dev/shm`` and the work directory (keeping
-   only ``keep``: the daemon shell's stderr file of this very exec), then recreate the work dir.
-3. Run the program. In ``ns`` mode it runs in a PID namespace of its own, whose first process (a
-   small init, below) dies with the launcher (``PR_SET_PDEATHSIG``) and ends the namespace when the
-   program ends: the kernel then kills every process the program left, however it detached. The
-   program sees a fresh ``/proc`` (its own processes only), a read-only root where the image allows
-   it (``/tmp``, ``/var/tmp``, ``/dev/shm`` and the work dir stay writable) and has no capabilities
-   left (bounding set, ambient, inheritable, effective and permitted all empty, no_new_privs), so it
+   only ``keep``: this exec's stderr file, the resident's directory), then recreate the work dir.
+3. Run the program. In ``ns`` mode in a PID namespace of its own, whose init (below) dies with the
+   launcher (``PR_SET_PDEATHSIG``) and ends the namespace when the program ends: the kernel kills
+   every process the program left, however it detached. The program sees a fresh ``/proc``, a
+   read-only root where the image allows it (the scratch places and the work dir writable, the
+   resident's directory hidden) and has no capabilities left (every set empty, no_new_privs), so it
    cannot unmount that ``/proc``, enter another namespace, or regain them by exec. The namespace
-   comes from ``unshare(CLONE_NEWPID|CLONE_NEWNS)`` when the sandbox runs the daemon as root with
-   CAP_SYS_ADMIN, or else inside a new user namespace. In ``sweep`` mode the program runs as
-   ``uid`` (when the launcher may switch to it) and the sweep runs again after it exits.
+   comes from ``unshare(CLONE_NEWPID|CLONE_NEWNS)`` when the daemon runs as root with CAP_SYS_ADMIN,
+   else inside a new user namespace. In ``sweep`` mode the program runs as ``uid`` (when the
+   launcher may switch to it) and the sweep runs again after it exits.
 
-``probe`` mode only reports what the image allows (one JSON line) and the processes to spare; the
-provider runs it once, with the exec that prepares a new sandbox. A failure of the launcher's own
-work (a wipe, a namespace refused after the probe allowed it) is a line ``[trl-sandbox-lease:TAG:
-failed] why`` on stdout before the program ever ran, and exit status 125: the provider turns it
-into ``SandboxGoneError`` (the pool replaces the sandbox and runs the program on another). The
-program's wall-clock limit (``timeout``) is counted from the program's own start, so the cleaning
-is never its time; a program past it is killed (with all it started) and the launcher's last line
-is ``[trl-sandbox-lease:TAG:timeout]``. The ``TAG`` is fresh per exec and never visible to the
-program (the launcher blanks its own command line), so neither line can be forged. Program
-failures keep their own status; a program killed by a signal kills the launcher with the same
-signal, so the daemon reports it as it would have without the launcher.
+The probe (``launcher_main``) reports what the image allows and leaves the resident running. A failure of the launcher's own
+work is a line ``[trl-sandbox-lease:TAG:failed] why`` on stdout before the program ran, and exit
+status 125: the provider raises ``SandboxGoneError`` (the pool runs the program on another sandbox).
+The wall-clock limit (``timeout``) counts from the program's own start (the cleaning is never its
+time); a program past it is killed with all it started, and the last line is
+``[trl-sandbox-lease:TAG:timeout]``. The ``TAG`` is fresh per exec and never visible to the program,
+so neither line can be forged. A program's status is relayed as it left (a signal by the same signal).
 """
 
 # Only modules that load in a few milliseconds (``signal``, ``json``, ``base64`` and ``shutil`` pull
@@ -49,9 +42,9 @@ PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 1, 24, 
 LIBC = ctypes.CDLL(None, use_errno=True)
 
 if "wipe" not in globals():
-    # On the host (tests, linters) the cleaning is a module of its own. Sent to a sandbox, its text
-    # runs first (``trl_sandbox.remote.lease``) and has defined these names.
-    from trl_sandbox.remote.launcher_cleaning import WRITABLE, baseline, dumps, sweep, wipe
+    # On the host (tests, linters) the cleaning and the resident are modules of their own. Sent to
+    # a sandbox, their text runs first (``trl_sandbox.remote.lease``) and has defined these names.
+    from trl_sandbox.remote.launcher_cleaning import WRITABLE, sweep, wipe
 
 
 def _check(result, what):
@@ -98,9 +91,10 @@ def enter_namespaces():
     return "userns"
 
 
-def seal_filesystem(work):
+def seal_filesystem(work, hide=()):
     """In the program's own mount namespace: a fresh /proc, a read-only root (where the image lets
-    us), the scratch places and the work dir still writable. Returns whether the root is read-only."""
+    us), the scratch places and the work dir still writable, each of ``hide`` under an empty
+    read-only tmpfs (the resident's FIFOs). Returns whether the root is read-only."""
     _check(LIBC.unshare(CLONE_NEWNS), "unshare(mount)")
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
@@ -110,6 +104,7 @@ def seal_filesystem(work):
                 _mount(path, path, None, MS_BIND | MS_REC)
             except OSError:
                 return False
+    hide_dirs(hide)
     # Every other mount read-only too, /dev above all: a program that could replace /dev/null
     # (root owns /dev) would feed the next program's stdin. Each keeps its other flags (a user
     # namespace may not clear nosuid, nodev or noexec).
@@ -134,6 +129,14 @@ def seal_filesystem(work):
         except OSError:
             sealed = False
     return sealed
+
+
+def hide_dirs(paths):
+    """Each of ``paths`` under an empty read-only tmpfs, in this mount namespace: a FIFO is writable
+    on a read-only mount, so the resident's must be out of sight, not only read-only."""
+    for path in paths:
+        if os.path.isdir(path):
+            _mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
 
 
 def shed_capabilities():
@@ -215,7 +218,7 @@ def init(spec, argv, stdin_data, alive, report):
         pass
     else:
         os._exit(1)
-    seal_filesystem(spec["work"])
+    seal_filesystem(spec["work"], spec.get("hide") or ())
     child = os.fork()
     if child == 0:
         os.close(report)
@@ -290,78 +293,20 @@ def fail(spec, why):
     os._exit(125)
 
 
-def probe():
-    """What this image allows, and the processes present now (spared by every later sweep)."""
-    allowed = None
-    read, write = os.pipe()
-    child = os.fork()
-    if child == 0:
-        os.close(read)
-        try:
-            how = enter_namespaces()
-            grandchild = os.fork()
-            if grandchild == 0:
-                sealed = seal_filesystem("/tmp")
-                os.write(write, f"{how} {int(sealed)}".encode())
-                os._exit(0)
-            os.waitpid(grandchild, 0)
-        except OSError:
-            pass
-        os._exit(0)
-    os.close(write)
-    answer = b""
-    while True:
-        chunk = os.read(read, 4096)
-        if not chunk:
-            break
-        answer += chunk
-    os.waitpid(child, 0)
-    if answer:
-        how, sealed = answer.decode().split()
-        allowed = (how, sealed == "1")
-    can_switch = False
-    if os.geteuid() == 0:  # may programs run as another user? (not in a user namespace of one uid)
-        child = os.fork()
-        if child == 0:
-            try:
-                os.setgroups([])
-                os.setgid(65534)
-                os.setuid(65534)
-            except OSError:
-                os._exit(1)
-            os._exit(0)
-        can_switch = os.waitpid(child, 0)[1] == 0
-    print(dumps({"isolation": allowed[0] if allowed else "sweep", "read_only_root": bool(allowed and allowed[1]),
-                      "uid": os.geteuid(), "switch_user": can_switch, "python": sys.version.split()[0],
-                      "spare": baseline()}))
-
-
-def hide_argv():
-    """Blank this process's command line (``/proc/PID/cmdline``): it holds the spec, whose ``tag``
-    marks the launcher's own failures, and a program that read it could print that failure line
-    to turn its verdict into an infrastructure error. Forks (the namespace's init) inherit it."""
-    with open("/proc/self/stat", "rb") as fh:
-        stat = fh.read()
-    fields = stat[stat.rfind(b")") + 2:].split()
-    start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (proc(5) fields 48 and 49)
-    if 0 < start < end:
-        ctypes.memset(start, 0, end - start)
-
-
-def main():
-    spec = eval(sys.argv[1], {"__builtins__": {}}, {})  # a literal the host wrote (never the program)
-    argv = sys.argv[2:]
-    hide_argv()
-    if spec.get("probe"):
-        probe()
-        return
+def launch(spec, argv):
+    """One program, cleaned before and isolated (or swept); leaves as the program left."""
     mode = spec.get("mode", "ns")
     null = os.stat(os.devnull)
     if not (null.st_mode & 0o170000 == 0o020000 and os.major(null.st_rdev) == 1 and os.minor(null.st_rdev) == 3):
         fail(spec, "/dev/null is not the null device any more")  # whatever a program put there
     stdin_data = None
     if spec.get("stdin") == "b64":
-        stdin_data = binascii.a2b_base64(sys.stdin.buffer.read())
+        chunks = []
+        while True:  # fd 0 itself: in a resident's fork it is the exec's stdin, not sys.stdin's
+            chunks.append(os.read(0, 1 << 16))
+            if not chunks[-1]:
+                break
+        stdin_data = binascii.a2b_base64(b"".join(chunks))
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     try:
         if mode == "sweep":
@@ -414,6 +359,3 @@ def main():
         timed_out(spec)
     relay(int(answer.rstrip(b"T\n")))
 
-
-if __name__ == "__main__":
-    main()

@@ -101,7 +101,9 @@ def remove(path):
 
 
 def dumps(value):
-    """JSON for the probe's answer (ints, strings without quotes or backslashes, bools, lists)."""
+    """JSON for the probe's answer (ints, strings without quotes or backslashes, bools, lists, None)."""
+    if value is None:
+        return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):

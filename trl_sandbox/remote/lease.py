@@ -3,14 +3,17 @@
 A remote sandbox is a container or VM that lives across many programs. Without care, a process a
 program leaves behind survives into the next program's run (another completion of its group, or
 the next turn of an episode) and can change its files, fill ``/tmp``, slow it into a timeout, kill
-its judge or read its source. So every remote program runs through ``remote/launcher.py``,
-sent with the exec itself (``python3 -I -S -c SOURCE SPEC ARGV...``): a reset that is due travels
-with the next exec, exactly as the local sandbox's does, and the program runs in a PID namespace
-of its own that ends with it (see the launcher's docstring for what holds in which mode).
+its judge or read its source. So every remote program runs through ``remote/launcher.py``: forked
+by the sandbox's resident launcher (``remote/launcher_resident.py``; the exec is then ``sh -c
+CLIENT``), or sent with the exec itself (``python3 -I -S -c SOURCE SPEC ARGV...``) where the image
+allows no namespaces. A reset that is due travels with the next exec, exactly as the local
+sandbox's does, and the program runs in a PID namespace of its own that ends with it (see the
+launcher's docstring for what holds in which mode).
 
 ``Lease`` is the per-sandbox state a provider keeps: what the probe at creation found
 (``isolation``: ``ns``/``userns`` or ``sweep`` where the image refuses namespaces), whether a reset
-is due, and the processes every sweep spares. ``probe_argv`` is the argv of that probe;
+is due, the processes every sweep spares, and the resident's directory. ``probe_argv`` is the argv
+of that probe (it also starts the resident);
 ``Lease.from_probe`` reads its answer (None: no ``python3`` in the image; the provider then keeps
 its old behaviour and says so in a warning).
 """
@@ -20,12 +23,14 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trl_sandbox.judge.sent_source import bare_source
+from trl_sandbox.remote.launcher_resident import MARK, RESIDENT_DIR
 from trl_sandbox.sandbox import ResourceLimits
 
 log = logging.getLogger("trl_sandbox.remote.lease")
@@ -34,16 +39,18 @@ log = logging.getLogger("trl_sandbox.remote.lease")
 
 # Functions an exec in one mode never calls: left out of what is sent (the interpreter compiles
 # the source on every exec, about 0.3 ms per KB on a slow machine).
+_RESIDENT = {"start_resident", "serve", "handle", "follow", "_zombie"}
 _UNUSED = {
-    "probe": set(),
-    "ns": {"probe", "dumps", "baseline", "sweep", "ancestors", "pids", "start_time"},
-    "sweep": {"probe", "dumps", "baseline", "enter_namespaces", "seal_filesystem", "init"},
+    "probe": set(),  # the whole launcher: the resident it leaves running serves every later exec
+    "ns": {"probe", "dumps", "baseline", "sweep", "ancestors", "pids", "start_time", *_RESIDENT},
+    "sweep": {"probe", "dumps", "baseline", "enter_namespaces", "seal_filesystem", "hide_dirs", "init", *_RESIDENT},
 }
 
 
-# The cleaning first: the launcher's own text uses its names (and imports them only on the host).
+# The parts first, the entry last: each part's text uses the names the ones before it defined
+# (and imports them only on the host).
 _TEXT = "\n".join(Path(__file__).with_name(name).read_text(encoding="utf-8")
-                  for name in ("launcher_cleaning.py", "launcher.py"))
+                  for name in ("launcher_cleaning.py", "launcher_resident.py", "launcher.py", "launcher_main.py"))
 SOURCES = {mode: bare_source(_TEXT, _UNUSED[mode]) for mode in _UNUSED}
 LAUNCHER_SOURCE = SOURCES["probe"]  # the whole launcher (the probe runs it once per sandbox)
 # -I: no current directory, user site or PYTHON* variables on the launcher's path; -S: no site
@@ -58,8 +65,34 @@ CLEANING_MARGIN_S = 10
 SWEEP_UID = 65534
 
 
-def probe_argv() -> list[str]:
-    return [*LAUNCHER_ARGV, repr({"probe": True})]
+# An exec with the resident launcher (``launcher_resident``): ``sh -c CLIENT MARK SPEC ARGV...``.
+# A FIFO for the answer, our pid to the resident, then leave as the program left. Whatever fails
+# before the resident took the exec is the launcher's failure (the program never ran): the provider
+# replaces the sandbox (``SandboxGoneError``) and the program runs on another, with a resident of
+# its own. The launcher's text does not travel with every exec (13 KB a request).
+# The resident takes the standard streams from descriptors 5, 6 and 7: the shell moves 0 and 1
+# for a moment around ``read`` and ``echo``.
+CLIENT = """d=@DIR@; f="$d/c.$$"
+if [ -p "$d/q" ] && read -r r < "$d/pid" && kill -0 "$r" 2>/dev/null && mkfifo -m 600 "$f" 2>/dev/null; then
+  exec 4<>"$f" 3<>"$d/q" 5<&0 6>&1 7>&2
+  echo $$ >&3
+  exec 3>&-
+  read -r s <&4
+  exec 4<&-
+  case "$s" in
+    S*) kill -"${s#S}" $$; exit $((128 + ${s#S})) ;;
+    [0-9]*) exit "$s" ;;
+  esac
+  rm -f "$f"
+fi
+echo "[trl-sandbox-lease:@TAG@:failed] the resident launcher is gone"
+exit 125
+"""
+
+
+def probe_argv(serve: bool = True) -> list[str]:
+    """The probe's argv; ``serve``: leave the resident launcher running where namespaces work."""
+    return [*LAUNCHER_ARGV, repr({"probe": True, **({"serve": RESIDENT_DIR} if serve else {})})]
 
 
 def rlimits(limits: ResourceLimits) -> dict[str, int]:
@@ -79,6 +112,8 @@ class Lease:
     switch_user: bool = False
     spare: list[list[int]] = field(default_factory=list)
     reset_due: bool = False
+    #: The resident launcher's directory (None: every exec starts a launcher of its own).
+    resident: str | None = None
 
     @classmethod
     def from_probe(cls, stdout: str, sandbox_id: str, provider: str) -> Lease | None:
@@ -98,7 +133,8 @@ class Lease:
         lease = cls(isolation=str(answer.get("isolation") or "sweep"),
                     read_only_root=bool(answer.get("read_only_root")),
                     switch_user=bool(answer.get("switch_user")),
-                    spare=[list(map(int, p)) for p in answer.get("spare") or []])
+                    spare=[list(map(int, p)) for p in answer.get("spare") or []],
+                    resident=str(answer["resident"]) if answer.get("resident") else None)
         if lease.isolation == "sweep":
             log.warning("%s sandbox %s: the image refuses PID namespaces; every program is followed (and preceded) "
                         "by a sweep that kills every process not present when the sandbox was made%s", provider,
@@ -126,6 +162,11 @@ class Lease:
             spec["spare"] = self.spare
             if self.switch_user:
                 spec["uid"] = SWEEP_UID
+        if self.resident and spec["mode"] == "ns":
+            spec["hide"] = [self.resident]  # out of the program's sight; never wiped by a reset
+            spec["keep"] = [*keep, self.resident]
+            client = CLIENT.replace("@DIR@", shlex.quote(self.resident)).replace("@TAG@", tag)
+            return ["/bin/sh", "-c", client, MARK.decode(), repr(spec), *argv], tag
         head = ("python3", "-I", "-S", "-c", SOURCES[spec["mode"]])
         return [*head, repr(spec), *argv], tag  # a Python literal: no json import there
 

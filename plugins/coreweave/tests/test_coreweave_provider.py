@@ -308,13 +308,13 @@ def test_lifetime_is_capped_so_leftovers_end_within_minutes(fake, provider):
 # -- clean leases: what a program leaves cannot reach the next one --------------------------------
 
 
-@pytest.mark.parametrize("isolation", ["auto", "sweep"])
-def test_leftover_processes_cannot_reach_the_next_lease(provider, isolation):
+@pytest.mark.parametrize(("isolation", "resident"), [("auto", True), ("auto", False), ("sweep", True)])
+def test_leftover_processes_cannot_reach_the_next_lease(provider, isolation, resident):
     """A program leaves a process (background child, own session, double fork; ignoring SIGTERM)
     that spins, fills /tmp and /dev/shm, and waits to kill, rob and tamper with the next program;
     the next program on that sandbox runs to its own result and sees none of it. ``auto`` gets a
     PID namespace per program on the fake; ``sweep`` is what an image refusing namespaces gets."""
-    testing.check_leftovers_cannot_reach_the_next_lease(lambda: provider(isolation=isolation))
+    testing.check_leftovers_cannot_reach_the_next_lease(lambda: provider(isolation=isolation, resident_launcher=resident))
 
 
 def test_positive_control_leftovers_reach_the_next_lease_without_the_launcher(provider):
@@ -337,9 +337,9 @@ def test_positive_control_without_the_launcher_a_reset_costs_an_exec(fake, provi
                                                        lambda: fake.count("exec"))
 
 
-@pytest.mark.parametrize("isolation", ["auto", "sweep"])
-def test_a_program_cannot_undo_its_isolation(provider, isolation):
-    testing.check_a_program_cannot_undo_its_isolation(lambda: provider(isolation=isolation))
+@pytest.mark.parametrize(("isolation", "resident"), [("auto", True), ("auto", False), ("sweep", True)])
+def test_a_program_cannot_undo_its_isolation(provider, isolation, resident):
+    testing.check_a_program_cannot_undo_its_isolation(lambda: provider(isolation=isolation, resident_launcher=resident))
 
 
 def test_positive_control_a_plain_exec_holds_the_sandbox_roots_capabilities(provider):
@@ -372,3 +372,14 @@ def test_devices_stay_as_the_image_made_them(provider):
 def test_positive_control_without_the_launcher_a_program_writes_in_dev(provider):
     with pytest.raises(AssertionError, match="done"):
         testing.check_devices_stay_as_the_image_made_them(lambda: provider(clean_leases=False))
+
+
+def test_the_resident_launcher_serves_hides_and_is_optional(provider, fake):
+    import subprocess
+
+    def outside(sandbox_id, argv):
+        box = fake.sandboxes[sandbox_id].box
+        argv = [box.python if a == "python3" else a for a in argv]
+        return subprocess.run(box.argv(argv), env=box.env, capture_output=True, text=True, timeout=30).stdout
+
+    testing.check_the_resident_launcher(provider, outside)

@@ -193,7 +193,8 @@ class CoreWeaveSandbox:
         if clean:  # the launcher's probe rides in the same exec (its source and spec as $1 and $2)
             script += '; python3 -I -S -c "$1" "$2" </dev/null 2>/dev/null; true'
         try:
-            result = await self._sb.exec(["/bin/sh", "-c", script, "sh", LAUNCHER_SOURCE, probe_argv()[-1]] if clean
+            result = await self._sb.exec(["/bin/sh", "-c", script, "sh", LAUNCHER_SOURCE,
+                                          probe_argv(serve=self._provider.resident_launcher)[-1]] if clean
                                          else ["/bin/sh", "-c", script], timeout_seconds=60)
         except Exception as exc:
             raise translate(exc, "preparing the work directory", self.id) from exc
@@ -434,6 +435,7 @@ class CoreWeaveProvider:
         max_lifetime_s: float = 1800.0,
         clean_leases: bool = True,
         isolation: str = "auto",
+        resident_launcher: bool = True,
     ) -> None:
         import cwsandbox
 
@@ -474,6 +476,7 @@ class CoreWeaveProvider:
         self.request_timeout_s = number("coreweave", "request_timeout_s", request_timeout_s, float, 1)
         self.stop_grace_s = number("coreweave", "stop_grace_s", stop_grace_s, float, 0)
         self.clean_leases = flag("coreweave", "clean_leases", clean_leases)
+        self.resident_launcher = flag("coreweave", "resident_launcher", resident_launcher)
         if isolation not in ("auto", "sweep"):
             raise ConfigError(f"coreweave provider setting isolation={isolation!r} must be auto or sweep")
         self.isolation = isolation

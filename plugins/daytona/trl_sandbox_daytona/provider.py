@@ -247,7 +247,7 @@ class DaytonaSandbox:
         """Create the work directory, see whether ``prlimit`` is there to apply the limits, and
         probe what the lease launcher may do in this image (the same single request)."""
         work = shlex.quote(self.work_dir)
-        probe = shlex.join(probe_argv()) if self._provider.clean_leases else "true"
+        probe = shlex.join(probe_argv(serve=self._provider.resident_launcher)) if self._provider.clean_leases else "true"
         response = await self._shell(
             f"mkdir -p -- {work} && if command -v prlimit >/dev/null 2>&1; then echo prlimit=yes; fi; "
             f"{probe} </dev/null 2>/dev/null; true",
@@ -475,6 +475,7 @@ class DaytonaProvider:
         connection_pool_maxsize: int | None = 250,
         clean_leases: bool = True,
         isolation: str = "auto",
+        resident_launcher: bool = True,
     ) -> None:
         if not (api_key or _env("DAYTONA_API_KEY")) and not (
             (jwt_token or _env("DAYTONA_JWT_TOKEN")) and (organization_id or _env("DAYTONA_ORGANIZATION_ID"))
@@ -503,6 +504,7 @@ class DaytonaProvider:
         self.network_allow_list = network_allow_list or None
         self.create_timeout_s = number("daytona", "create_timeout_s", create_timeout_s, float, 1)
         self.clean_leases = flag("daytona", "clean_leases", clean_leases)
+        self.resident_launcher = flag("daytona", "resident_launcher", resident_launcher)
         if isolation not in ("auto", "sweep"):
             raise ConfigError(f"daytona provider setting isolation={isolation!r} must be auto or sweep")
         self.isolation = isolation

@@ -54,6 +54,7 @@ from trl_sandbox.plugins.testing.leases import (  # noqa: F401  (public from her
     check_a_reset_rides_with_the_next_exec,
     check_devices_stay_as_the_image_made_them,
     check_leftovers_cannot_reach_the_next_lease,
+    check_the_resident_launcher,
     check_what_a_program_leaves_cannot_break_or_slow_the_next,
     leftover_attack,
 )

@@ -283,3 +283,109 @@ def check_devices_stay_as_the_image_made_them(make: ProviderFactory) -> ExecResu
     assert first.stdout.split() == ["30", "30"], first  # EROFS, both
     assert second.stdout == "end\n", second
     return first
+
+
+# -- the resident launcher ------------------------------------------------------------------------
+
+_HIDDEN = r"""
+import json, os, stat, sys
+where = sys.argv[1]
+try:
+    listing = sorted(os.listdir(where))
+except OSError as exc:
+    listing = str(exc)
+try:
+    with open(os.path.join(where, 'q'), 'w') as fh:
+        fh.write(str(os.getpid()) + '\n')
+    forged = 'written'
+except OSError as exc:
+    forged = type(exc).__name__
+fifos = []  # every FIFO in reach, wherever it is: each gets a forged request
+for top in ('/', '/dev/shm', '/tmp', '/var/tmp', '/run'):
+    for here, dirs, files in os.walk(top):
+        if here in ('/proc', '/sys') or here.startswith(('/proc/', '/sys/')) or here.count('/') > 6:
+            dirs[:] = []
+            continue
+        for name in files:
+            path = os.path.join(here, name)
+            try:
+                if stat.S_ISFIFO(os.lstat(path).st_mode):
+                    fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+                    os.write(fd, b'1\n')
+                    os.close(fd)
+                    fifos.append(path)
+            except OSError:
+                pass
+print(json.dumps({"listing": listing, "forged": forged, "fifos": sorted(set(fifos)),
+                  "pids": len([p for p in os.listdir('/proc') if p.isdigit()])}))
+"""
+_ANCESTRY = r"""
+import os, sys, time
+mark, end = sys.argv[1].encode(), time.monotonic() + 10
+while time.monotonic() < end:
+    chains = []
+    for name in os.listdir('/proc'):
+        try:
+            words = open(f'/proc/{name}/cmdline', 'rb').read().split(b'\0')
+            if name.isdigit() and len(words) > 2 and words[2].startswith(b'sleep 1 # ' + mark):  # the program
+                chain, pid = [], int(name)
+                while pid > 1:
+                    pid = int(open(f'/proc/{pid}/stat', 'rb').read().rsplit(b')', 1)[1].split()[1])
+                    chain.append(pid)
+                chains.append(chain)
+        except (OSError, ValueError, IndexError):
+            pass
+    if chains:
+        print(' '.join(map(str, max(chains, key=len))))
+        sys.exit(0)
+    time.sleep(0.01)
+print('not found')
+"""
+
+
+def check_the_resident_launcher(make: ProviderFactory, outside: Callable[[str, list[str]], str]) -> None:
+    """Where the image allows PID namespaces, a resident launcher starts each exec's launcher as a
+    fork (``trl_sandbox.remote.launcher_resident``): (1) an exec's program descends from it (no
+    interpreter started per exec); (2) a program sees neither the resident's process nor its
+    directory, and cannot write a request into it; (3) with the resident killed, an exec is the
+    sandbox's failure (``SandboxGoneError``: a pool replaces the sandbox), never the program's
+    result, and a pool on that provider still scores the program right.
+
+    ``outside(sandbox_id, argv)`` runs ``argv`` in the sandbox outside every lease (as the vendor's
+    daemon would, without the launcher) and returns its stdout: the fakes enter the container."""
+    import asyncio
+
+    from trl_sandbox.remote.launcher_resident import RESIDENT_DIR
+    from trl_sandbox.sandbox import SandboxGoneError
+
+    p = make()
+    mark = "resident-check-" + "7e1a"
+
+    async def go() -> None:
+        sandbox = await p.create(SandboxSpec())
+        resident = int(outside(sandbox.id, ["cat", f"{RESIDENT_DIR}/pid"]).strip())
+        looking = asyncio.get_running_loop().run_in_executor(None, outside, sandbox.id, ["python3", "-c", _ANCESTRY, mark])
+        result = await sandbox.exec(["sh", "-c", f"sleep 1 # {mark}"], timeout=10)
+        chain = [int(pid) for pid in (await looking).split() if pid.isdigit()]
+        assert result.exit_code == 0 and resident in chain, (resident, chain, result)
+        hidden = await sandbox.exec(["python3", "-c", _HIDDEN, RESIDENT_DIR], timeout=10)
+        report = json.loads(hidden.stdout)
+        assert report["listing"] == [] and report["forged"] != "written", report
+        assert not any(path.startswith(RESIDENT_DIR) for path in report["fifos"]), report
+        assert report["pids"] <= 3, report  # init, this program (and its shell): not the resident
+        # Positive control: the resident's FIFO is there, seen from outside every lease.
+        assert outside(sandbox.id, ["sh", "-c", f"test -p {RESIDENT_DIR}/q && echo fifo"]).strip() == "fifo"
+        outside(sandbox.id, ["kill", "-9", str(resident)])  # as the kernel's OOM killer might
+        try:
+            gone = await sandbox.exec(["echo", "ran"], timeout=10)
+        except SandboxGoneError:
+            gone = None
+        assert gone is None, f"an exec without its resident must fail as the sandbox's fault: {gone!r}"
+
+    run(closing(p, go()))
+    with SandboxPool.open(make(), size=1, spec=SandboxSpec(), pool_settings=FAST) as pool:
+        pool.run(["true"], timeout=10)
+        for member in list(pool._members):
+            outside(member, ["sh", "-c", f"kill -9 $(cat {RESIDENT_DIR}/pid)"])
+        echoed = pool.run(["python3", "-c", "import sys; print(sys.stdin.read()[::-1])"], stdin="olleh", timeout=10)
+    assert echoed.stdout == "hello\n", echoed
