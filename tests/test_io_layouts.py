@@ -195,3 +195,19 @@ def test_the_sources_sent_to_sandboxes_are_cut_not_rewritten():
         done = subprocess.run([SANDBOX_PYTHON, "-c", "import sys; compile(sys.stdin.read(), 'sent', 'exec')"],
                               input=source, text=True, capture_output=True)
         assert done.returncode == 0, done.stderr
+
+
+def test_a_row_is_resolved_once_by_its_content_and_never_confused_with_another():
+    """Rows repeat once per completion of a group (new objects each time, as a dataset decodes
+    them): the same content gets the task already made; any change in a test, a type or a limit
+    gets its own."""
+    from trl_sandbox.tasks.io_layouts import io_task_of
+
+    def row(output="2\n", limit=1):
+        return {"task_id": "t", "tests": [{"input": "1\n", "output": output}], "time_limit": limit}
+
+    first = io_task_of(row())
+    assert io_task_of(row()) is first  # equal content, new objects: resolved once
+    assert io_task_of(row(output="3\n")) is not first
+    assert io_task_of(row(limit="1")) is not first  # "1" is not 1
+    assert io_task_of({**row(), "prompt": "another wording"}) is first  # the prompt is not the task

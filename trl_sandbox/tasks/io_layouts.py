@@ -214,11 +214,34 @@ def _seconds(value: Any) -> float | None:
         return None
 
 
+def _fingerprint(value: Any, digest: Any) -> None:
+    """Feed ``value`` to ``digest`` unambiguously (type, length, content), strings as their bytes:
+    about ten times faster than hashing ``repr`` of a row that holds megabytes of tests."""
+    if isinstance(value, str):
+        data = value.encode("utf-8", "surrogatepass")
+        digest.update(b"s%d:" % len(data))
+        digest.update(data)
+    elif isinstance(value, Mapping):
+        digest.update(b"d%d:" % len(value))
+        for key in sorted(value, key=str):
+            _fingerprint(str(key), digest)
+            _fingerprint(value[key], digest)
+    elif isinstance(value, (list, tuple)):
+        digest.update(b"l%d:" % len(value))
+        for item in value:
+            _fingerprint(item, digest)
+    else:
+        text = repr(value).encode("utf-8", "surrogatepass")
+        digest.update(b"r%d:%s:" % (len(text), type(value).__name__.encode()))
+        digest.update(text)
+
+
 def io_task_of(row: Mapping[str, Any]) -> IOTask | FunctionTestsTask:
     """The I/O task of ``row``, in any layout; resolved once per distinct row (rows repeat once per
     completion of a group, and a large one holds megabytes of tests)."""
-    key = hashlib.sha256(repr(sorted((str(k), repr(v)) for k, v in row.items() if k != "prompt")).encode(
-        "utf-8", "surrogatepass")).hexdigest()
+    digest = hashlib.blake2b(digest_size=20)
+    _fingerprint({k: v for k, v in row.items() if k != "prompt"}, digest)
+    key = digest.hexdigest()
     task = _CACHE.get(key)
     if task is not None:
         _CACHE.move_to_end(key)
