@@ -267,8 +267,13 @@ class CoreWeaveSandbox:
                     log.debug("stdin of an exec in sandbox %s was cut short: %r", self.id, exc)
             result = await process
         except Exception as exc:
-            if _is_exec_timeout(exc):
+            if _is_exec_timeout(exc) and tag is None:
                 return ExecResult(exit_code=None, timed_out=True, duration_s=time.monotonic() - started)
+            if _is_exec_timeout(exc):
+                # The launcher ends a program at its own deadline and says so: the service's backstop,
+                # 10 s later, means the launcher (or the resident) failed, never the program.
+                raise SandboxGoneError(f"CoreWeave Sandbox: sandbox {self.id}: the lease launcher did not end "
+                                       "the program by its deadline") from exc
             if reset:
                 self.lease.reset_due = True  # it may not have reached the sandbox: carry it again
             raise translate(exc, "exec", self.id) from exc

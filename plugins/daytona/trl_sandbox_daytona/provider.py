@@ -314,8 +314,13 @@ class DaytonaSandbox:
                 timeout=max(1, math.ceil(timeout)) + (CLEANING_MARGIN_S if tag is not None else 0),
             )
         except Exception as exc:
-            if _is_exec_timeout(exc):
+            if _is_exec_timeout(exc) and tag is None:
                 return ExecResult(exit_code=None, timed_out=True, duration_s=time.monotonic() - started)
+            if _is_exec_timeout(exc):
+                # The launcher ends a program at its own deadline and says so: the daemon's backstop,
+                # 10 s later, means the launcher (or the resident) failed, never the program.
+                raise SandboxGoneError(f"Daytona: sandbox {self.id}: the lease launcher did not end the "
+                                       "program by its deadline") from exc
             if reset:
                 lease.reset_due = True  # it may not have reached the sandbox: carry it again
             raise translate(exc, "exec", self.id) from exc
