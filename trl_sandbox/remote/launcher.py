@@ -57,9 +57,9 @@ def _b(text):
     return None if text is None else text.encode()
 
 
-def _mount(source, target, fstype, flags):
-    LIBC.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
-    _check(LIBC.mount(_b(source), _b(target), _b(fstype), flags, None), "mount " + target)
+def _mount(source, target, fstype, flags, data=None):
+    LIBC.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+    _check(LIBC.mount(_b(source), _b(target), _b(fstype), flags, _b(data)), "mount " + target)
 
 
 def _prctl(option, arg):

@@ -10,7 +10,16 @@ import sys
 
 if "launch" not in globals():
     # On the host (tests, linters) the parts are modules; sent to a sandbox, their text runs first.
-    from trl_sandbox.remote.launcher import enter_namespaces, hide_dirs, launch, seal_filesystem
+    from trl_sandbox.remote.launcher import (
+        MS_NODEV,
+        MS_NOEXEC,
+        MS_NOSUID,
+        _mount,
+        enter_namespaces,
+        hide_dirs,
+        launch,
+        seal_filesystem,
+    )
     from trl_sandbox.remote.launcher_cleaning import baseline, dumps
     from trl_sandbox.remote.launcher_resident import start_resident
 
@@ -23,8 +32,12 @@ def probe(spec):
     try:
         if where:
             os.makedirs(where, mode=0o700, exist_ok=True)
+            # A file system of its own where the daemon may mount one: a program that fills
+            # /dev/shm's inodes cannot then stop the next exec's answer FIFO from being made.
+            if not os.path.ismount(where):
+                _mount("tmpfs", where, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=1m,nr_inodes=16384,mode=700")
     except OSError:
-        where = None
+        where = where if where and os.path.isdir(where) else None
     read, write = os.pipe()
     child = os.fork()
     if child == 0:

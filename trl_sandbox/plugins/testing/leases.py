@@ -347,7 +347,7 @@ def check_the_resident_launcher(make: ProviderFactory, outside: Callable[[str, l
     """Where the image allows PID namespaces, a resident launcher starts each exec's launcher as a
     fork (``trl_sandbox.remote.launcher_resident``): (1) an exec's program descends from it (no
     interpreter started per exec); (2) a program sees neither the resident's process nor its
-    directory, and cannot write a request into it; (3) with the resident killed, an exec is the
+    directory (a tmpfs of its own), and cannot write a request into it; (3) with the resident killed, an exec is the
     sandbox's failure (``SandboxGoneError``: a pool replaces the sandbox), never the program's
     result, and a pool on that provider still scores the program right.
 
@@ -373,8 +373,10 @@ def check_the_resident_launcher(make: ProviderFactory, outside: Callable[[str, l
         assert report["listing"] == [] and report["forged"] != "written", report
         assert not any(path.startswith(RESIDENT_DIR) for path in report["fifos"]), report
         assert report["pids"] <= 3, report  # init, this program (and its shell): not the resident
-        # Positive control: the resident's FIFO is there, seen from outside every lease.
+        # Positive control: the resident's FIFO is there, seen from outside every lease; on a file
+        # system of its own (the daemon may mount one on the fakes), which no program can fill.
         assert outside(sandbox.id, ["sh", "-c", f"test -p {RESIDENT_DIR}/q && echo fifo"]).strip() == "fifo"
+        assert outside(sandbox.id, ["grep", "-c", f" {RESIDENT_DIR} ", "/proc/self/mountinfo"]).strip() == "1"
         outside(sandbox.id, ["kill", "-9", str(resident)])  # as the kernel's OOM killer might
         try:
             gone = await sandbox.exec(["echo", "ran"], timeout=10)
