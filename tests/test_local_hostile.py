@@ -530,3 +530,24 @@ def test_a_floats_approximation_of_an_integer_answer_is_wrong():
             ["n = int(input())\nprint(float(10**18 + n))", "n = int(input())\nprint(10**18 + n)"], [row, row])
     assert exact.status == "passed", exact.detail
     assert through_float.status == "failed" and through_float.reward == 0.0, through_float
+
+
+def test_a_tree_deeper_than_the_judges_recursion_does_not_crash_the_io_judge():
+    """Whole programs on stdin/stdout: a right answer that leaves, in /tmp, a directory tree 3000
+    levels deep (deeper than Python's recursion limit and than PATH_MAX) used to crash the I/O
+    judge's cleaning after the first test (RecursionError: no verdict, a right program scored -1).
+    The program prints the right answer only when it made the whole tree (the control that the tree
+    was there); an honest program after it, in the same sandbox, is judged right too."""
+    from trl_sandbox.pool.sandbox_pool import SandboxPool
+    from trl_sandbox.scoring.scorer import Scorer
+
+    row = {"task_id": "deep", "tests": [{"input": f"{n}\n", "output": f"{2 * n}\n"} for n in (1, 2, 3)],
+           "time_limit": 2.0}
+    deep = ("import os\nn = int(input())\nos.chdir('/tmp')\nmade = 0\nfor _ in range(3000):\n"
+            "    os.mkdir('d')\n    os.chdir('d')\n    made += 1\nprint(n * 2 if made == 3000 else 'shallow')\n")
+    with SandboxPool.open("local", size=1, made_by="test-hostile-io") as pool:
+        scorer = Scorer(pool, cache_size=0)
+        outcome = scorer.score([deep], [row])[0]
+        honest = scorer.score(["print(int(input()) * 2)"], [row])[0]
+    assert (outcome.status, outcome.passed) == ("passed", 3), outcome.detail
+    assert honest.status == "passed", honest.detail

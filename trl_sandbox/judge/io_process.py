@@ -148,12 +148,26 @@ def scratch_entries(extra=()):
     return found
 
 
-def remove(path, retry=True):
-    """Remove ``path`` and all below it; a directory a program made unreadable is opened up first."""
+def remove(path):
+    """Remove ``path`` and all below it. Python's walk recurses, so a tree a program made deeper
+    than the recursion limit (or than PATH_MAX) is left to ``rm -rf``, which walks by descriptor."""
+    try:
+        _remove(path)
+    except RecursionError:
+        pass
+    if os.path.lexists(path):
+        for rm in ("/bin/rm", "/usr/bin/rm"):
+            if os.access(rm, os.X_OK):
+                os.waitpid(os.posix_spawn(rm, ["rm", "-rf", "--", path], {"PATH": "/usr/bin:/bin"}), 0)
+                break
+
+
+def _remove(path, retry=True):
+    """A directory a program made unreadable is opened up first."""
     try:
         if os.path.isdir(path) and not os.path.islink(path):
             for name in os.listdir(path):
-                remove(os.path.join(path, name))
+                _remove(os.path.join(path, name))
             os.rmdir(path)
         else:
             os.unlink(path)
@@ -163,7 +177,7 @@ def remove(path, retry=True):
                 os.chmod(path, 0o700)
             except OSError:
                 return
-            remove(path, retry=False)
+            _remove(path, retry=False)
 
 
 def input_fd(data):
