@@ -189,6 +189,16 @@ def measure(way: str, n: int, size: int, seed: int | None) -> dict:
     return row
 
 
+def paired_ratios(rows: list[dict], rounds: int, way: str, base: str) -> list[float]:
+    """``way``'s latency over ``base``'s, per quiet round in which both ran."""
+    ratios = []
+    for i in range(rounds):
+        got = {r["way"]: r["latency_s"] for r in rows if r["round"] == i and r["seed"] is None}
+        if way in got and base in got:
+            ratios.append(got[way] / got[base])
+    return ratios
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--completions", type=int, default=64)
@@ -215,18 +225,10 @@ def main() -> None:
         faults = "none" if r["seed"] is None else f"20%+5% (seed {r['seed']})"
         print(f"| {r['way']} | {faults} | {r['latency_s']:.2f} | {r['scored']} | {r['exec_requests']} | {r['created']} "
               f"| {r['left_alive']} | {r['warmup_s']:.2f} |")
-    ratios = []
-    for i in range(len(seeds)):
-        got = {r["way"]: r["latency_s"] for r in rows if r["round"] == i and r["seed"] is None}
-        if "trl-sandbox pool" in got and "bare: round-robin pool" in got:
-            ratios.append(got["trl-sandbox pool"] / got["bare: round-robin pool"])
+    ratios = paired_ratios(rows, len(seeds), "trl-sandbox pool", "bare: round-robin pool")
     if ratios:
         print("clean lease / bare round-robin (quiet rounds): " + ", ".join(f"{r:.2f}x" for r in ratios))
-    exclusive = []
-    for i in range(len(seeds)):
-        got = {r["way"]: r["latency_s"] for r in rows if r["round"] == i and r["seed"] is None}
-        if "trl-sandbox pool" in got and "bare: round-robin, one program per sandbox at a time" in got:
-            exclusive.append(got["trl-sandbox pool"] / got["bare: round-robin, one program per sandbox at a time"])
+    exclusive = paired_ratios(rows, len(seeds), "trl-sandbox pool", "bare: round-robin, one program per sandbox at a time")
     if exclusive:
         print("clean lease / bare round-robin one at a time (quiet rounds): "
               + ", ".join(f"{r:.2f}x" for r in exclusive))

@@ -374,45 +374,26 @@ def test_positive_control_without_the_launcher_a_program_writes_in_dev(provider)
         testing.check_devices_stay_as_the_image_made_them(lambda: provider(clean_leases=False))
 
 
-def test_the_resident_launcher_serves_hides_and_is_optional(provider, fake):
+@pytest.fixture
+def outside(fake):
+    """Runs argv in a fake sandbox outside every lease (as the service's daemon would) -> stdout."""
     import subprocess
 
-    def outside(sandbox_id, argv):
+    def run_outside(sandbox_id, argv):
         box = fake.sandboxes[sandbox_id].box
         argv = [box.python if a == "python3" else a for a in argv]
         return subprocess.run(box.argv(argv), env=box.env, capture_output=True, text=True, timeout=30).stdout
 
+    return run_outside
+
+
+def test_the_resident_launcher_serves_hides_and_is_optional(provider, outside):
     testing.check_the_resident_launcher(provider, outside)
 
 
-def test_a_launcher_that_never_answers_is_the_sandboxs_failure_not_the_programs_timeout(provider, fake, monkeypatch):
-    """The launcher ends a program at its deadline and says so; past the service's backstop the
-    launcher itself failed (here: its resident stopped from outside the lease). That is the
-    sandbox's failure (the pool reruns the program elsewhere), never a timeout scored -1.
-    Positive control: a program that really runs past its deadline is a timeout, as ever."""
-    import subprocess
-
+def test_a_launcher_that_never_answers_is_the_sandboxs_failure_not_the_programs_timeout(provider, outside,
+                                                                                        monkeypatch):
     from trl_sandbox_coreweave import provider as module
 
-    from trl_sandbox import SandboxGoneError
-    from trl_sandbox.remote.launcher_resident import RESIDENT_DIR
-
     monkeypatch.setattr(module, "CLEANING_MARGIN_S", 1)  # the backstop: deadline + 1 s
-
-    async def go():
-        p = provider()
-        sandbox = await p.create(SandboxSpec())
-        slow = await sandbox.exec(["sleep", "5"], timeout=1)
-        box = fake.sandboxes[sandbox.id].box
-        subprocess.run(box.argv(["sh", "-c", f"kill -STOP $(cat {RESIDENT_DIR}/pid)"]), env=box.env, check=True)
-        try:
-            await sandbox.exec(["echo", "never"], timeout=1)
-        except SandboxGoneError as exc:
-            return slow, exc
-        finally:
-            await p.aclose() if hasattr(p, "aclose") else None
-        return slow, None
-
-    slow, gone = run(go())
-    assert slow.timed_out and slow.exit_code is None, slow
-    assert gone is not None
+    testing.check_a_launcher_that_never_answers(provider, outside)

@@ -50,6 +50,7 @@ from trl_sandbox.plugins.testing.leases import (  # noqa: F401  (public from her
     LEFTOVER_STYLES,
     VICTIM_SECRET,
     check_a_candidate_cannot_read_its_judge,
+    check_a_launcher_that_never_answers,
     check_a_program_cannot_undo_its_isolation,
     check_a_reset_rides_with_the_next_exec,
     check_devices_stay_as_the_image_made_them,

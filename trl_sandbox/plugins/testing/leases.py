@@ -391,3 +391,30 @@ def check_the_resident_launcher(make: ProviderFactory, outside: Callable[[str, l
             outside(member, ["sh", "-c", f"kill -9 $(cat {RESIDENT_DIR}/pid)"])
         echoed = pool.run(["python3", "-c", "import sys; print(sys.stdin.read()[::-1])"], stdin="olleh", timeout=10)
     assert echoed.stdout == "hello\n", echoed
+
+
+def check_a_launcher_that_never_answers(make: ProviderFactory, outside: Callable[[str, list[str]], str]) -> None:
+    """The launcher ends a program at its deadline and says so; past the service's backstop the
+    launcher itself failed (here: its resident stopped from outside the lease). That is the
+    sandbox's failure (``SandboxGoneError``: the pool reruns the program elsewhere), never a timeout
+    scored -1. Positive control: a program that really runs past its deadline is a timeout, as
+    ever. Set the provider module's ``CLEANING_MARGIN_S`` low first: the backstop is the deadline
+    plus that margin."""
+    from trl_sandbox.remote.launcher_resident import RESIDENT_DIR
+    from trl_sandbox.sandbox import SandboxGoneError
+
+    p = make()
+
+    async def go() -> tuple[ExecResult, BaseException | None]:
+        sandbox = await p.create(SandboxSpec())
+        slow = await sandbox.exec(["sleep", "5"], timeout=1)
+        outside(sandbox.id, ["sh", "-c", f"kill -STOP $(cat {RESIDENT_DIR}/pid)"])
+        try:
+            await sandbox.exec(["echo", "never"], timeout=1)
+        except SandboxGoneError as exc:
+            return slow, exc
+        return slow, None
+
+    slow, gone = run(closing(p, go()))
+    assert slow.timed_out and slow.exit_code is None, slow
+    assert gone is not None
