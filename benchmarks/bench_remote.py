@@ -19,7 +19,7 @@ injected latency (create 1 s, exec 50 ms), a batch of ``completions`` programs r
   (``resident_launcher=False``: a second Python interpreter per program).
 * ``bare: round-robin pool``: ``pool`` sandboxes created up front, completions spread over them in
   turn, no reset between programs (a shared, dirty sandbox): all at once, several per sandbox.
-* ``bare: round-robin, one program per sandbox at a time``: the same, a sandbox running one program
+* ``bare: round-robin pool (one program per sandbox at a time)``: the same, a sandbox running one program
   at a time as a lease does (what cleanliness costs, apart from sharing a sandbox between programs).
 
 Each runs once quiet and then once per seed with 20% transient faults on creates and execs and 5%
@@ -177,7 +177,7 @@ def measure(way: str, n: int, size: int, seed: int | None) -> dict:
                 row = run_pool(fake, work, n, size, resident=False)
             elif way == "bare: create per completion":
                 row = asyncio.run(_bare_per_completion(n))
-            elif way == "bare: round-robin, one program per sandbox at a time":
+            elif way == "bare: round-robin pool (one program per sandbox at a time)":
                 row = asyncio.run(_bare_round_robin(n, size, one_at_a_time=True))
             else:
                 row = asyncio.run(_bare_round_robin(n, size))
@@ -209,7 +209,7 @@ def main() -> None:
     args = ap.parse_args()
     seeds = [None] * max(1, args.rounds) + [int(s) for s in args.seeds.split(",") if s]
     ways = ["trl-sandbox pool", "bare: round-robin pool", "trl-sandbox pool (no resident launcher)",
-            "bare: round-robin, one program per sandbox at a time", "trl-sandbox pool (reset by its own exec)",
+            "bare: round-robin pool (one program per sandbox at a time)", "trl-sandbox pool (reset by its own exec)",
             "bare: create per completion"]
     if args.ways:
         ways = [w for w in ways if w in args.ways.split(",")]
@@ -228,7 +228,7 @@ def main() -> None:
     ratios = paired_ratios(rows, len(seeds), "trl-sandbox pool", "bare: round-robin pool")
     if ratios:
         print("clean lease / bare round-robin (quiet rounds): " + ", ".join(f"{r:.2f}x" for r in ratios))
-    exclusive = paired_ratios(rows, len(seeds), "trl-sandbox pool", "bare: round-robin, one program per sandbox at a time")
+    exclusive = paired_ratios(rows, len(seeds), "trl-sandbox pool", "bare: round-robin pool (one program per sandbox at a time)")
     if exclusive:
         print("clean lease / bare round-robin one at a time (quiet rounds): "
               + ", ".join(f"{r:.2f}x" for r in exclusive))
