@@ -14,10 +14,10 @@ if "guard_program" not in globals():
 
 SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")
 TICK = os.sysconf("SC_CLK_TCK")
-ERR_FLOOD = 16 << 20
-# Processes a filter names at most (the lowest numbers: the sandbox's own and the judge's ancestors
-# come first); a sandbox holds a handful when a program starts.
-GUARDED_MAX = 256  # bytes of stderr after which a test is ended as an output flood
+ERR_FLOOD = 16 << 20  # bytes of stderr after which a test is ended as an output flood
+# Processes a filter names at most (this one, its parent and group first, then the lowest numbers);
+# a sandbox holds a handful when a program starts.
+GUARDED_MAX = 256
 
 
 def prctl(option, arg):
@@ -40,8 +40,9 @@ def guard(spare=()):
         import ctypes
 
         here = {int(name) for name in os.listdir("/proc") if name.isdigit()} if os.path.isdir("/proc/self") else set()
-        protect = sorted(({os.getpid(), os.getppid(), os.getpgrp()} | here) - set(spare) - {0})
-        code = guard_program(os.uname().machine, protect[:GUARDED_MAX])
+        first = sorted({os.getpid(), os.getppid(), os.getpgrp()} - set(spare) - {0})
+        rest = sorted(here - set(first) - set(spare) - {0})
+        code = guard_program(os.uname().machine, (first + rest)[:GUARDED_MAX])
 
         class Fprog(ctypes.Structure):
             _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
