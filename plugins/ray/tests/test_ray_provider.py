@@ -1,0 +1,361 @@
+"""The ray provider on a real Ray cluster of three nodes on this machine (``conftest.cluster``):
+the pool contract through actors, placement over nodes, verdicts equal to the local provider's,
+known hacks, lost nodes and actors, a killed driver, and construction errors."""
+
+from __future__ import annotations
+
+import random
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+pytest.register_assert_rewrite("trl_sandbox.plugins.testing")
+
+from conftest import NODE_SANDBOXES, actor_table, bwrap_pids, wait_until  # noqa: E402
+from trl_sandbox_ray import RayProvider  # noqa: E402
+from trl_sandbox_ray.cluster import parse_name  # noqa: E402
+
+from trl_sandbox import ConfigError, SandboxSpec  # noqa: E402
+from trl_sandbox.plugins import providers, testing  # noqa: E402
+from trl_sandbox.plugins.testing import FAST  # noqa: E402
+from trl_sandbox.pool.sandbox_pool import SandboxPool  # noqa: E402
+from trl_sandbox.scoring.scorer import Scorer  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[3]
+TAGS = {"trl-sandbox": "1", "trl-sandbox-run": "ray-test"}
+# A Ray cluster per test process and ~1 min of it: the main suite only (scripts/test-matrix.sh).
+pytestmark = pytest.mark.slow
+LIVE_STATES = ("ALIVE", "PENDING_CREATION", "DEPENDENCIES_UNREADY", "RESTARTING")
+
+
+@pytest.fixture(scope="module")
+def make(cluster):
+    """A provider factory on the test cluster: half a CPU and one ``sandbox`` unit per sandbox."""
+
+    def make(**settings):
+        return RayProvider(address=cluster.address, cpus_per_sandbox=0.5, resources={"sandbox": 1},
+                           probe=settings.pop("probe", False), **settings)
+
+    make(probe=True)  # connect this process once, through the provider's own path
+    return make
+
+
+def live() -> list[str]:
+    return [parse_name(a["Name"])[0] for a in actor_table() if a["State"] in LIVE_STATES]
+
+
+def nodes_of(ids) -> set[str]:
+    return {a["Address"]["NodeID"] for a in actor_table() if parse_name(a["Name"])[0] in ids}
+
+
+def test_registered_from_its_own_distribution():
+    registration = providers()["ray"]
+    assert registration.distribution == "trl-sandbox-ray" and registration.obj is RayProvider
+
+
+# -- the conformance kit -------------------------------------------------------------------------
+
+
+def test_exec_stdin_and_streams(make):
+    testing.check_exec(make)
+
+
+def test_cwd_env_and_limits(make):
+    testing.check_cwd_env_and_limits(make)
+
+
+def test_files_reset_and_alive(make):
+    testing.check_files_reset_and_alive(make)
+
+
+def test_list_by_tags_and_destroy_from_another_instance(make):
+    """As the kit's ``check_list_by_tags_and_destroy``, except for the end: a closed ray provider
+    ends the actors it still holds (as the local provider stops its sandboxes), where a remote
+    one leaves them to the service's lifetime."""
+    from trl_sandbox.plugins.testing import closing, run
+
+    p = make()
+    mine, other = {**TAGS, "batch": "a"}, {**TAGS, "batch": "b"}
+
+    async def go():
+        created = [await p.create(SandboxSpec(tags=mine)) for _ in range(3)]
+        stranger = await p.create(SandboxSpec(tags=other))
+        listed = await p.list(mine)
+        await p.destroy(created[0].id)
+        await p.destroy(created[0].id)  # already gone: quiet
+        fresh = make()
+        try:
+            await fresh.destroy(created[1].id)  # an id this provider instance did not create
+            await fresh.destroy("ray-000000000000")
+            seen_by_fresh = await fresh.list(mine)
+        finally:
+            await fresh.aclose()
+        after = await p.list(mine)
+        return created, stranger, listed, after, seen_by_fresh, sorted(live())
+
+    created, stranger, listed, after, seen_by_fresh, live_before_close = run(closing(p, go()))
+    assert sorted(i.id for i in listed) == sorted(s.id for s in created)
+    assert all(i.tags == mine and i.state == "running" and i.created_at for i in listed)
+    assert [i.id for i in after] == [created[2].id]
+    assert [i.id for i in seen_by_fresh] == [created[2].id]  # found without the creating instance
+    assert live_before_close == sorted([created[2].id, stranger.id])
+    assert live() == []
+
+
+def test_a_sandbox_whose_actor_is_killed_is_replaced(make):
+    import ray
+
+    def vanish(sandbox_id: str) -> None:
+        (name,) = [a["Name"] for a in actor_table() if parse_name(a["Name"])[0] == sandbox_id and a["State"] == "ALIVE"]
+        ray.kill(ray.get_actor(name, namespace="trl-sandbox"), no_restart=True)
+
+    testing.check_a_sandbox_that_vanishes_is_replaced(make, TAGS, vanish=vanish, live=live)
+
+
+def test_scorer_end_to_end(make):
+    testing.check_scorer_end_to_end_on_the_sorting_task(make, TAGS, live=live)
+    testing.check_io_programs_end_to_end(make, TAGS, live=live)
+
+
+def test_fault_matrix_with_actors_killed_at_random(make):
+    """The remote fault matrix, its faults made by Ray itself: sandbox actors of the run are killed
+    at random moments (during their start, between execs, mid-exec)."""
+    import ray
+
+    stop = threading.Event()
+    killed: list[str] = []
+
+    def chaos(seed):
+        stop.set()
+        if seed is None:
+            return
+        stop.clear()
+        rng = random.Random(seed)
+
+        def killer():
+            while not stop.wait(rng.uniform(0.05, 0.25)):
+                # Sandboxes that are up (alive for a while: past their start), serving or idle.
+                up = time.time() * 1000 - 300
+                names = [a["Name"] for a in actor_table()
+                         if a["State"] == "ALIVE" and 0 < a["StartTime"] < up and f"-s{seed}" in a["Name"]]
+                if names:
+                    name = rng.choice(names)
+                    try:
+                        ray.kill(ray.get_actor(name, namespace="trl-sandbox"), no_restart=True)
+                        killed.append(name)
+                    except ValueError:
+                        pass
+
+        threading.Thread(target=killer, daemon=True).start()
+
+    seen: dict[str, dict] = {}  # every sandbox actor the cluster ever had, in the order first seen
+
+    def created_tags():
+        for a in actor_table():
+            seen.setdefault(a["ActorID"], parse_name(a["Name"])[1])
+        return list(seen.values())
+
+    report = testing.check_rides_out_faults(make, TAGS, chaos=chaos, live=live, created_tags=created_tags,
+                                            seeds=(1, 2), programs=120)
+    print(report, len(killed))
+    assert killed and sum(row["replaced"] + row["create_failures"] for row in report) > 0  # faults were ridden out
+    # Positive control: the same kills against a pool that never retries cost programs (the kit
+    # allows a tenth lost, so a run may also pass it: then its report shows the loss).
+    try:
+        lost = sum(row["programs"] - row["scored"] for row in testing.check_rides_out_faults(
+            make, TAGS, chaos=chaos, live=live, created_tags=created_tags, seeds=(3,), programs=120,
+            settings=replace(testing.MATRIX, max_attempts=1)))
+    except AssertionError as exc:
+        lost = str(exc)
+    assert lost, "killing sandboxes under a pool that never retries lost no program"
+
+
+# -- placement and verdicts ------------------------------------------------------------------------
+
+
+def _humaneval_samples():
+    from trl_sandbox_humaneval import problems
+
+    p = problems()
+    return [
+        ("HumanEval/0", p["HumanEval/0"]["canonical_solution"]), ("HumanEval/0", "    return False\n"),
+        ("HumanEval/2", "    return number - int(number)\n"), ("HumanEval/2", "    return round(number % 1.0, 1)\n"),
+        ("HumanEval/4", "    raise ValueError('no idea')\n"), ("HumanEval/7", ""),
+        ("HumanEval/23", "    while True:\n        pass\n"),
+        ("HumanEval/38", p["HumanEval/38"]["canonical_solution"]),
+        ("HumanEval/32", p["HumanEval/32"]["canonical_solution"]), ("HumanEval/53", "    return x + y\n"),
+    ] + [(f"HumanEval/{i}", p[f"HumanEval/{i}"]["canonical_solution"]) for i in range(100, 120)]
+
+
+def _score(provider, samples, size):
+    from trl_sandbox_humaneval import HumanEvalTasks
+
+    from trl_sandbox.judge.verdict import score_cases
+
+    with SandboxPool.open(provider, size=size, spec=SandboxSpec(tags=TAGS), pool_settings=FAST) as pool:
+        outcomes = score_cases(pool, HumanEvalTasks(timeout=0.5), [(c, {"task_id": t}) for t, c in samples])
+        used = {s for s in getattr(provider, "_sandboxes", {})}
+    return [(o.status, o.passed, o.total) for o in outcomes], used
+
+
+def test_humaneval_batch_spread_over_nodes_scores_as_local(make):
+    samples = _humaneval_samples()
+    on_ray, used = _score(make(), samples, size=4)
+    on_local, _ = _score("local", samples, size=2)
+    assert on_ray == on_local
+    assert [s for s, _, _ in on_ray[:10]] == ["passed", "failed", "passed", "failed", "error", "no_code",
+                                              "timeout", "passed", "passed", "passed"]
+    assert len(nodes_of(used)) == 2, "the pool's sandboxes should be spread over both worker nodes"
+    assert live() == []
+
+
+def test_known_hacks_do_not_pay_through_ray(make):
+    """The hack suite's tricks (tests/test_hacks.py) through the ray provider: the judge on the
+    node is the local one, so none pays; the honest controls next to them do."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from tests.task_helpers import KADANE
+        from tests.test_hacks import CALL_HACKS, CHECK_HACKS, CHECK_ROW, NONCE_HUNT
+    finally:
+        sys.path.remove(str(ROOT))
+    from trl_sandbox.tasks.builtin import TASKS
+    from trl_sandbox.tasks.generic import tasks_from_dict
+
+    call_row = tasks_from_dict({"max_subarray": {**TASKS["max_subarray"], "timeout": 0.5}}, extract="raw")[0]
+    completions = [KADANE, "    return number % 1.0\n", NONCE_HUNT, *CALL_HACKS.values(), *CHECK_HACKS.values()]
+    rows = [call_row, CHECK_ROW, call_row] + [call_row] * len(CALL_HACKS) + [CHECK_ROW] * len(CHECK_HACKS)
+    with SandboxPool.open(make(), size=4, spec=SandboxSpec(tags=TAGS), pool_settings=FAST) as pool:
+        outcomes = Scorer(pool, cache_size=0).score(completions, rows)
+    assert [(o.status, o.reward) for o in outcomes[:2]] == [("passed", 1.0), ("passed", 1.0)]
+    hunt = outcomes[2]  # the real judge saw 5 every time: only the single-element test [5] is right
+    assert hunt.status in ("failed", "error") and hunt.passed <= 1 and hunt.reward is not None and hunt.reward < 1
+    paid = [(name, o) for name, o in zip([*CALL_HACKS, *CHECK_HACKS], outcomes[3:])
+            if o.status == "passed" or o.reward is None or o.reward > 0]
+    assert paid == []
+
+
+def test_a_node_lost_mid_batch_costs_time_not_scores(cluster, make):
+    """A third node joins, hosts sandboxes, and is removed while a batch runs: every completion is
+    still scored exactly, the lost ones on the other nodes, and no bwrap outlives the pool."""
+    import ray
+
+    doomed = cluster.add_node(num_cpus=4, resources={"sandbox": NODE_SANDBOXES}, node_ip_address="127.0.0.1")
+    cluster.wait_for_nodes()
+    doomed_id = doomed.node_id
+    slow_right = "    import time\n    time.sleep(0.3)\n    return number - int(number)\n"
+    samples = [("HumanEval/2", slow_right), ("HumanEval/2", "    return round(number % 1.0, 1)\n")] * 15
+    from trl_sandbox_humaneval import HumanEvalTasks
+
+    from trl_sandbox.judge.verdict import score_cases
+
+    provider = make()
+    result: dict = {}
+    with SandboxPool.open(provider, size=6, spec=SandboxSpec(tags=TAGS), pool_settings=FAST) as pool:
+        on_doomed = wait_until(lambda: [s for s in provider._sandboxes.values() if s.node_id == doomed_id], 30)
+        assert on_doomed, "SPREAD placed no sandbox on the third node"
+
+        def batch():
+            result["outcomes"] = score_cases(pool, HumanEvalTasks(timeout=2.0), [(c, {"task_id": t}) for t, c in samples])
+
+        worker = threading.Thread(target=batch)
+        worker.start()
+        wait_until(lambda: pool.drain_stats().counts["execs"] > 0 or not worker.is_alive(), 30, 0.02)
+        cluster.remove_node(doomed)
+        worker.join(120)
+        assert not worker.is_alive()
+        stats = pool.drain_stats()
+        hosts = {s.node_id for s in provider._sandboxes.values()}
+        print("node lost:", dict(stats.counts))
+    outcomes = result["outcomes"]
+    assert [o.status for o in outcomes] == ["passed", "failed"] * 15
+    assert stats.counts["replaced"] >= 1 or stats.counts["created"] > 6
+    assert doomed_id not in hosts
+    assert live() == []
+    assert wait_until(lambda: not bwrap_pids(), 20) or bwrap_pids() == []
+    assert doomed_id not in {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+
+
+def test_a_killed_driver_takes_its_sandboxes_along(cluster, tmp_path):
+    """The process that made the pool is SIGKILLed: Ray ends its actors, bwrap dies with them."""
+    import os
+    import signal
+    import subprocess
+
+    script = tmp_path / "driver.py"
+    script.write_text(
+        "import sys, time\n"
+        "from trl_sandbox.plugins import make_provider\n"
+        "from trl_sandbox.pool.sandbox_pool import SandboxPool\n"
+        "from trl_sandbox import SandboxSpec\n"
+        f"settings = dict(address={cluster.address!r}, cpus_per_sandbox=0.5, resources='sandbox=1', probe='false')\n"
+        "pool = SandboxPool(make_provider('ray', settings), size=3, spec=SandboxSpec(tags={'trl-sandbox-run': 'doomed-driver'}))\n"
+        "pool.start(wait=True)\n"
+        "print(pool.run(['echo', 'ready'], timeout=10).stdout, flush=True)\n"
+        "time.sleep(600)\n")
+    before = set(bwrap_pids())
+    driver = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert driver.stdout.readline().strip() == "ready"
+        ours = wait_until(lambda: [a for a in actor_table() if "doomed-driver" in a["Name"] and a["State"] == "ALIVE"], 30)
+        assert len(ours) == 3 and set(bwrap_pids()) - before
+        driver.send_signal(signal.SIGKILL)
+        driver.wait(10)
+        gone = wait_until(lambda: not [a for a in actor_table() if "doomed-driver" in a["Name"]
+                                       and a["State"] in LIVE_STATES], 30)
+        assert gone, [a["State"] for a in actor_table() if "doomed-driver" in a["Name"]]
+        assert wait_until(lambda: not (set(bwrap_pids()) - before), 20), "bwrap outlived its actor"
+    finally:
+        driver.kill()
+
+
+# -- construction ------------------------------------------------------------------------------------
+
+
+def _construct(settings: dict) -> subprocess.CompletedProcess:
+    """Build the provider in a fresh process (this one is connected already), as a trainer would."""
+    import os
+    import subprocess
+
+    code = ("from trl_sandbox.plugins import make_provider\n"
+            "from trl_sandbox import ConfigError\n"
+            "try:\n"
+            f"    make_provider('ray', {settings!r})\n"
+            "    print('built')\n"
+            "except ConfigError as exc:\n"
+            "    print('ConfigError:', exc)\n")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})
+
+
+import subprocess  # noqa: E402
+
+
+def test_construction_errors_say_what_to_do(cluster):
+    unreachable = _construct({"address": "127.0.0.1:1", "connect_timeout_s": 5})
+    assert "ConfigError: ray provider: no Ray cluster answers at address='127.0.0.1:1'" in unreachable.stdout
+    assert "ray start --head" in unreachable.stdout
+    no_node = _construct({"address": cluster.address, "resources": "gpu_free_cpu_node=1"})
+    assert "ConfigError: ray provider: no node of the cluster" in no_node.stdout and "gpu_free_cpu_node" in no_node.stdout
+    too_big = _construct({"address": cluster.address, "cpus_per_sandbox": 64})
+    assert "ConfigError: ray provider: no node of the cluster" in too_big.stdout
+    no_bwrap = _construct({"address": cluster.address, "cpus_per_sandbox": 0.5, "bwrap": "/nonexistent/bwrap"})
+    assert "ConfigError: ray provider: a node cannot host the local sandbox" in no_bwrap.stdout
+    assert "bubblewrap" in no_bwrap.stdout
+    typo = _construct({"address": cluster.address, "cpu_per_sandbox": 1})
+    assert "ConfigError: ray provider: unknown setting(s) cpu_per_sandbox" in typo.stdout
+    control = _construct({"address": cluster.address, "cpus_per_sandbox": 0.5})
+    assert control.stdout.strip().endswith("built"), control.stdout + control.stderr
+
+
+def test_settings_are_checked_before_connecting():
+    for settings, words in [({"strategy": "RANDOM"}, "SPREAD or DEFAULT"),
+                            ({"cpus_per_sandbox": "many"}, "must be a number"),
+                            ({"resources": "sandbox"}, "KEY=VALUE"),
+                            ({"start_timeout_s": 0}, "positive")]:
+        with pytest.raises(ConfigError, match=words):
+            RayProvider(address="127.0.0.1:1", **settings)
