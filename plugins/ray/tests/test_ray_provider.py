@@ -359,3 +359,104 @@ def test_settings_are_checked_before_connecting():
                             ({"start_timeout_s": 0}, "positive")]:
         with pytest.raises(ConfigError, match=words):
             RayProvider(address="127.0.0.1:1", **settings)
+
+
+# -- model code and the cluster ----------------------------------------------------------------------
+
+REACH_RAY = r"""
+import json, os, socket, sys
+host, port = sys.argv[1].rsplit(":", 1)
+seen = {}
+try:
+    socket.create_connection((host, int(port)), timeout=2).close()
+    seen["gcs"] = "connected"
+except OSError as exc:
+    seen["gcs"] = type(exc).__name__
+seen["ray_dir"] = sorted(os.listdir("/tmp/ray")) if os.path.isdir("/tmp/ray") else None
+cmdlines = []
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        cmdlines.append(open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace"))
+    except OSError:
+        pass
+seen["ray_processes"] = [c for c in cmdlines if "raylet" in c or "gcs_server" in c or "ray::" in c]
+seen["ray_env"] = sorted(k for k in os.environ if k.startswith("RAY"))
+print(json.dumps(seen))
+"""
+
+
+def test_model_code_cannot_reach_the_cluster(cluster, make):
+    """From inside a sandbox on a node: no connection to the cluster's GCS, no Ray session files,
+    no Ray process in sight, no Ray variable in the environment. Positive control: the same
+    program run beside the actor, as the actor's own process sees the node, finds all four."""
+    import json
+    import os
+    import subprocess
+
+    from trl_sandbox.plugins.testing import closing, run
+
+    p = make()
+
+    async def go():
+        sandbox = await p.create(SandboxSpec(tags=TAGS))
+        return await sandbox.exec(["python3", "-c", REACH_RAY, cluster.address], timeout=10)
+
+    inside = json.loads(run(closing(p, go())).stdout)
+    assert inside["gcs"] != "connected" and inside["ray_dir"] is None
+    assert inside["ray_processes"] == [] and inside["ray_env"] == []
+    outside = subprocess.run([sys.executable, "-c", REACH_RAY, cluster.address], capture_output=True, text=True,
+                             env={**os.environ, "RAY_ADDRESS": cluster.address}, timeout=30)
+    seen = json.loads(outside.stdout)
+    assert seen["gcs"] == "connected" and seen["ray_dir"] and seen["ray_processes"] and seen["ray_env"]
+
+
+def test_ls_and_reap_from_another_process_find_sandboxes_by_tags(cluster, make):
+    """``trl-sandbox ls`` / ``reap`` from a separate process list and end another driver's
+    sandboxes by their tags, through the cluster's actor directory; other runs' are untouched."""
+    import os
+    import subprocess
+
+    cli = [str(Path(sys.executable).parent / "trl-sandbox")]
+    common = ["--provider", "ray", "--setting", f"address={cluster.address}", "--setting", "probe=false"]
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    mine, other = {**TAGS, "trl-sandbox-run": "cli-mine"}, {**TAGS, "trl-sandbox-run": "cli-other"}
+    with SandboxPool.open(make(), size=2, spec=SandboxSpec(tags=mine), pool_settings=FAST) as pool, \
+            SandboxPool.open(make(), size=1, spec=SandboxSpec(tags=other), pool_settings=FAST) as bystander:
+        ids = sorted(pool._members)
+        listed = subprocess.run(cli + ["ls", *common, "--tag", "trl-sandbox-run=cli-mine"], capture_output=True,
+                                text=True, env=env, timeout=120)
+        assert sorted(line.split("\t")[0] for line in listed.stdout.splitlines()) == ids, listed.stderr
+        reaped = subprocess.run(cli + ["reap", *common, "--tag", "trl-sandbox-run=cli-mine"], capture_output=True,
+                                text=True, env=env, timeout=120)
+        assert "2 sandbox(es) reaped" in reaped.stderr, reaped.stderr
+        assert wait_until(lambda: not set(ids) & set(live()), 20)
+        assert bystander.run(["echo", "untouched"], timeout=10).stdout == "untouched\n"
+        assert pool.run(["echo", "replaced"], timeout=10).stdout == "replaced\n"  # the pool heals
+    assert live() == []
+
+
+def test_train_the_cpu_demo_on_the_cluster(cluster, make, tmp_path, monkeypatch):
+    """``trl-sandbox train --preset cpu-demo --sandbox_provider ray`` for 4 steps (warm start cut
+    to 40 steps): every completion scored on the cluster's sandboxes, none as infrastructure."""
+    import dataclasses
+    import functools
+    import json
+
+    from trl_sandbox.commands import train
+    from trl_sandbox.training.presets import PRESETS, cpu_demo
+
+    quick = dataclasses.replace(PRESETS["cpu-demo"], builder=functools.partial(
+        cpu_demo.build_cpu_demo, warm_start_settings={"steps": 40}, progress=False))
+    monkeypatch.setitem(PRESETS, "cpu-demo", quick)
+    out = tmp_path / "run"
+    settings = f"address={cluster.address},cpus_per_sandbox=0.5,resources=sandbox=1"
+    rc = train.main(["--preset", "cpu-demo", "--sandbox_provider", "ray", "--sandbox_provider_settings", settings,
+                     "--output_dir", str(out), "--max_steps", "4", "--disable_tqdm", "true"])
+    assert rc == 0
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    stepped = [r for r in records if "sandbox/infra" in r]
+    assert len(stepped) == 4
+    for r in stepped:
+        counted = sum(r[f"sandbox/{s}"] for s in ("passed", "failed", "error", "timeout", "banned", "no_code", "infra"))
+        assert counted == cpu_demo.CONFIG_OVERRIDES["per_device_train_batch_size"] and r["sandbox/infra"] == 0
+    assert live() == []
