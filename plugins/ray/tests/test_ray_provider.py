@@ -19,7 +19,7 @@ from conftest import NODE_SANDBOXES, actor_table, bwrap_pids, wait_until  # noqa
 from trl_sandbox_ray import RayProvider  # noqa: E402
 from trl_sandbox_ray.cluster import parse_name  # noqa: E402
 
-from trl_sandbox import ConfigError, SandboxSpec  # noqa: E402
+from trl_sandbox import ConfigError, ResourceLimits, SandboxSpec  # noqa: E402
 from trl_sandbox.plugins import providers, testing  # noqa: E402
 from trl_sandbox.plugins.testing import FAST  # noqa: E402
 from trl_sandbox.pool.sandbox_pool import SandboxPool  # noqa: E402
@@ -172,6 +172,33 @@ def test_fault_matrix_with_actors_killed_at_random(make):
     except AssertionError as exc:
         lost = str(exc)
     assert lost, "killing sandboxes under a pool that never retries lost no program"
+
+
+def test_odd_and_flooding_output_comes_back_as_locally(make):
+    """What a program prints reaches the host through Ray exactly as from the local provider:
+    undecodable bytes, NULs, a stream past the output cap (truncated), a crash by signal."""
+    from trl_sandbox.local import LocalProvider
+    from trl_sandbox.plugins.testing import closing, run
+
+    programs = [
+        ["python3", "-c", "import os; os.write(1, bytes(range(256)) * 3); os.write(2, b'\\xff\\xfe\\x00err')"],
+        ["python3", "-c", "import sys; sys.stdout.write('x' * (40 << 20))"],
+        ["python3", "-c", "import os, signal; print('bye', flush=True); os.kill(os.getpid(), signal.SIGSEGV)"],
+        ["sh", "-c", "printf '\\342\\202'; exit 7"],
+    ]
+    spec = SandboxSpec(limits=ResourceLimits(output_bytes=1 << 20))
+
+    def results(provider):
+        async def go():
+            sandbox = await provider.create(spec)
+            return [await sandbox.exec(argv, timeout=10) for argv in programs]
+
+        return [r.__class__(**{**r.__dict__, "duration_s": 0.0}) for r in run(closing(provider, go()))]
+
+    on_ray, on_local = results(make()), results(LocalProvider())
+    assert on_ray == on_local
+    assert on_ray[1].truncated and len(on_ray[1].stdout) == 1 << 20 and on_ray[2].exit_code == -11
+    assert on_ray[3].exit_code == 7
 
 
 # -- placement and verdicts ------------------------------------------------------------------------
