@@ -487,3 +487,53 @@ def test_train_the_cpu_demo_on_the_cluster(cluster, make, tmp_path, monkeypatch)
         counted = sum(r[f"sandbox/{s}"] for s in ("passed", "failed", "error", "timeout", "banned", "no_code", "infra"))
         assert counted == cpu_demo.CONFIG_OVERRIDES["per_device_train_batch_size"] and r["sandbox/infra"] == 0
     assert live() == []
+
+
+def test_a_recurring_large_argument_crosses_once_per_sandbox(make):
+    """The judge's source (48 KB with every judged program) is sent whole while new, then the
+    actor keeps it and later execs send its digest; a one-off large argument is never kept."""
+    from trl_sandbox.judge.verdict import JUDGE_SOURCE
+    from trl_sandbox.plugins.testing import closing, run
+
+    p = make()
+    probe = "import sys; print(len(sys.argv[1]), sys.argv[1] == sys.argv[2])"
+    argv = ["python3", "-c", probe, JUDGE_SOURCE, JUDGE_SOURCE[:100]]
+
+    async def go():
+        sandbox = await p.create(SandboxSpec())
+        outs, held = [], []
+        for _ in range(3):
+            outs.append((await sandbox.exec(argv, timeout=10)).stdout)
+            held.append(set(sandbox._held))
+        one_off = "#" + "y" * 9000
+        odd = await sandbox.exec(["python3", "-c", probe, one_off, "z"], timeout=10)
+        # The actor itself, asked with the digest alone: it holds the source.
+        by_digest = await sandbox._handle.exec.remote(False, ["python3", "-c", probe, "", "z"], None, 10.0, None, None,
+                                                      {3: p.digest(JUDGE_SOURCE)[0]}, ())
+        return outs, held, odd, set(sandbox._held), by_digest
+
+    outs, held, odd, held_after_odd, by_digest = run(closing(p, go()))
+    digest = p.digest(JUDGE_SOURCE)[0]
+    assert outs == [f"{len(JUDGE_SOURCE)} False\n"] * 3
+    assert held == [set(), {digest}, {digest}]  # recurring from the second exec on: kept by the actor
+    assert odd.stdout == "9001 False\n" and held_after_odd == {digest}  # the one-off is not kept
+    assert by_digest[0] == "ok" and by_digest[1].stdout == f"{len(JUDGE_SOURCE)} False\n"
+
+
+def test_an_actor_without_a_digest_gets_the_argument_again(make):
+    from trl_sandbox.judge.verdict import JUDGE_SOURCE
+    from trl_sandbox.plugins.testing import closing, run
+
+    p = make()
+    argv = ["python3", "-c", "import sys; print(len(sys.argv[1]))", JUDGE_SOURCE]
+
+    async def go():
+        sandbox = await p.create(SandboxSpec())
+        p.digest(JUDGE_SOURCE)  # seen before: it recurs
+        sandbox._held.add(p.digest(JUDGE_SOURCE)[0])  # the driver wrongly believes the actor holds it
+        assert set(sandbox._intern(list(argv))[1]) == {3}  # it would go as its digest alone
+        result = await sandbox.exec(argv, timeout=10)
+        return result, set(sandbox._held)
+
+    result, held = run(closing(p, go()))
+    assert result.stdout == f"{len(JUDGE_SOURCE)}\n" and held == set()
