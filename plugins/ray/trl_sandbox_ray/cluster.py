@@ -13,6 +13,7 @@ when they die, so the directory lists exactly the live ones.
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 from collections.abc import Mapping
@@ -87,14 +88,29 @@ def connect(address: str, namespace: str, timeout_s: float) -> None:
             except BaseException as exc:
                 failure.append(exc)
 
+        # In a thread also so that Ray installs no SIGTERM handler of its own (it would replace one
+        # the user's program installed for its own teardown); its warning about that is dropped.
+        quiet = _DropMessage("SIGTERM handler is not set")
+        worker_log = logging.getLogger("ray._private.worker")
+        worker_log.addFilter(quiet)
         thread = threading.Thread(target=init, name="trl-sandbox-ray-connect", daemon=True)
         thread.start()
         thread.join(timeout_s)
+        worker_log.removeFilter(quiet)
         if thread.is_alive() or failure:
             why = f"{type(failure[0]).__name__}: {failure[0]}" if failure else f"no answer within {timeout_s:.0f} s"
             raise ConfigError(_unreachable(address, why))
         _users += 1
         _opened_here = True
+
+
+class _DropMessage(logging.Filter):
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.text not in record.getMessage()
 
 
 def disconnect() -> None:
