@@ -537,3 +537,44 @@ def test_an_actor_without_a_digest_gets_the_argument_again(make):
 
     result, held = run(closing(p, go()))
     assert result.stdout == f"{len(JUDGE_SOURCE)}\n" and held == set()
+
+
+def test_two_ranks_share_the_cluster_each_with_its_own_pool(cluster, make, tmp_path):
+    """``accelerate launch`` with two CPU processes and ``--sandbox_provider ray``: both ranks
+    connect to the one cluster, each makes its own pool there (its sandboxes tagged with its rank
+    and pid), every completion of the run is scored, and nothing of either rank is left."""
+    import json
+    import os
+    import subprocess
+
+    sys.path.insert(0, str(ROOT))
+    try:
+        from tests import tiny
+    finally:
+        sys.path.remove(str(ROOT))
+    model_dir = tmp_path / "model"
+    tiny.model().save_pretrained(model_dir)
+    tiny.tokenizer().save_pretrained(model_dir)
+    before = {a["ActorID"] for a in actor_table()}
+    launch = [str(Path(sys.executable).with_name("accelerate")), "launch", "--multi_gpu", "--num_processes", "2",
+              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    settings = f"address={cluster.address},cpus_per_sandbox=0.5,resources=sandbox=1"
+    cmd = [*launch, "-m", "trl_sandbox.commands.train", "--no_plot", "--use_cpu", "true", "--bf16", "false",
+           "--model", str(model_dir), "--max_steps", "2", "--per_device_train_batch_size", "2",
+           "--num_generations", "2", "--max_completion_length", "8", "--sandbox_pool_size", "2",
+           "--sandbox_provider", "ray", "--sandbox_provider_settings", settings,
+           "--output_dir", str(tmp_path / "out"), "--report_to", "none", "--logging_steps", "1"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "sandbox/reward_call_s" in r]
+    assert len(steps) == 2 and all(r["sandbox/infra"] == 0 for r in steps)
+    assert all(sum(r[f"sandbox/{s}"] for s in ("passed", "failed", "error", "timeout", "banned", "no_code")) == 4
+               for r in steps)
+    made = [(a, parse_name(a["Name"])[1]) for a in actor_table() if a["ActorID"] not in before]
+    pools = {(tags.get("rank"), tags.get("trl-sandbox-pid")) for _, tags in made
+             if "trl-sandbox-probe" not in tags}
+    assert {rank for rank, _ in pools} == {"0", "1"} and len(pools) == 2, pools  # one pool per rank
+    assert len({tags.get("trl-sandbox-run") for _, tags in made if "trl-sandbox-probe" not in tags}) == 1
+    assert [a for a, _ in made if a["State"] in LIVE_STATES] == []
