@@ -486,6 +486,8 @@ def test_train_the_cpu_demo_on_the_cluster(cluster, make, tmp_path, monkeypatch)
     for r in stepped:
         counted = sum(r[f"sandbox/{s}"] for s in ("passed", "failed", "error", "timeout", "banned", "no_code", "infra"))
         assert counted == cpu_demo.CONFIG_OVERRIDES["per_device_train_batch_size"] and r["sandbox/infra"] == 0
+        assert r["sandbox/isolation_mode"] in ("cgroup-v1", "cgroup-v2", "none")  # the nodes' sandboxes
+        assert "sandbox/cpu_s" not in r  # spent on the nodes, not competing with training here
     assert live() == []
 
 

@@ -325,6 +325,15 @@ class RayProvider:
             raise ConfigError(f"ray provider: a node cannot host the local sandbox: {answer[2]}")
         return answer[1]
 
+    def usage(self) -> dict[str, float | str]:
+        """``sandbox/isolation_mode`` of the sandboxes on the nodes (the weakest, when nodes differ),
+        for the trainer's metrics. CPU seconds are not reported: they are spent on other machines,
+        where they do not compete with training."""
+        modes = {s._info.get("isolation_mode", "none") for s in self._sandboxes.values()}
+        if not modes:
+            return {}
+        return {"sandbox/isolation_mode": "none" if "none" in modes else sorted(modes)[0]}
+
     # -- Provider API ----------------------------------------------------------------------------
 
     async def create(self, spec: SandboxSpec) -> RaySandbox:
