@@ -27,6 +27,7 @@ NAME_PREFIX = "trl-sandbox:"
 _lock = threading.Lock()
 _users = 0  # providers of this process using a connection one of them opened
 _opened_here = False
+_held = threading.Event()  # set when the connection this module opened has ended
 
 
 def actor_name(sandbox_id: str, tags: Mapping[str, str]) -> str:
@@ -80,13 +81,18 @@ def connect(address: str, namespace: str, timeout_s: float) -> None:
             except (OSError, ValueError) as exc:
                 raise ConfigError(_unreachable(address, f"{target}: {exc}")) from None
         failure: list[BaseException] = []
+        done = threading.Event()
 
         def init() -> None:
             try:
-                ray.init(address=None if address == "local" else address, namespace=namespace,
+                ray.init(address=address, namespace=namespace,  # "local": always a new one-machine Ray
                          ignore_reinit_error=True, log_to_driver=False, logging_level="WARNING")
             except BaseException as exc:
                 failure.append(exc)
+            done.set()
+            # Ray ties the processes it starts for ``local`` (its GCS, its raylet) to the thread that
+            # started them (they die with it): this thread lives until the connection ends.
+            _held.wait()
 
         # In a thread also so that Ray installs no SIGTERM handler of its own (it would replace one
         # the user's program installed for its own teardown); its warning about that is dropped.
@@ -94,10 +100,12 @@ def connect(address: str, namespace: str, timeout_s: float) -> None:
         worker_log = logging.getLogger("ray._private.worker")
         worker_log.addFilter(quiet)
         thread = threading.Thread(target=init, name="trl-sandbox-ray-connect", daemon=True)
+        _held.clear()
         thread.start()
-        thread.join(timeout_s)
+        done.wait(timeout_s)
         worker_log.removeFilter(quiet)
-        if thread.is_alive() or failure:
+        if not done.is_set() or failure:
+            _held.set()
             why = f"{type(failure[0]).__name__}: {failure[0]}" if failure else f"no answer within {timeout_s:.0f} s"
             raise ConfigError(_unreachable(address, why))
         _users += 1
@@ -123,6 +131,7 @@ def disconnect() -> None:
         if _users == 0 and _opened_here:
             _opened_here = False
             ray.shutdown()
+            _held.set()
 
 
 def _fits(node: Mapping[str, Any], need: Mapping[str, float], labels: Mapping[str, str]) -> bool:
