@@ -4,6 +4,7 @@ known hacks, lost nodes and actors, a killed driver, and construction errors."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import sys
 import threading
@@ -600,3 +601,24 @@ def test_two_ranks_share_the_cluster_each_with_its_own_pool(cluster, make, tmp_p
     assert {rank for rank, _ in pools} == {"0", "1"} and len(pools) == 2, pools  # one pool per rank
     assert len({tags.get("trl-sandbox-run") for _, tags in made if "trl-sandbox-probe" not in tags}) == 1
     assert [a for a, _ in made if a["State"] in LIVE_STATES] == []
+
+
+def test_floods_of_output_cannot_cost_a_neighbour_its_result(make):
+    """Programs that each fill both streams to the cap (2 x 16 MiB, default limits) at once, more
+    than the test nodes' object stores hold together, next to honest programs: every one comes
+    back as a result (the floods truncated), the honest ones exact, no job lost to Ray."""
+    flood = ["python3", "-c", "import os\nchunk = b'x' * (1 << 20)\nfor _ in range(20):\n"
+             "    os.write(1, chunk); os.write(2, chunk)\n"]
+    honest = ["python3", "-c", "print(sum(range(10)))"]
+    with SandboxPool.open(make(), size=6, spec=SandboxSpec(tags=TAGS), pool_settings=FAST) as pool:
+        async def batch():
+            jobs = [pool.aexec(flood if i % 2 else honest, timeout=20) for i in range(24)]
+            return await asyncio.gather(*jobs, return_exceptions=True)
+
+        results = pool.loop.run(batch())
+        stats = pool.drain_stats()
+    assert all(not isinstance(r, BaseException) for r in results), results
+    floods, honests = results[1::2], results[0::2]
+    assert all(r.truncated and len(r.stdout) == len(r.stderr) == 16 << 20 for r in floods)
+    assert all(r.stdout == "45\n" and r.exit_code == 0 for r in honests)
+    assert stats.counts["replaced"] == 0 and stats.counts["infra_errors"] == 0
