@@ -552,14 +552,18 @@ def test_an_actor_without_a_digest_gets_the_argument_again(make):
 
     async def go():
         sandbox = await p.create(SandboxSpec())
+        await sandbox.write_file("left-by-the-last-lease.txt", b"x")
+        assert sandbox.defer_reset()  # the pool took the sandbox back: the reset rides with the next call
         p.digest(JUDGE_SOURCE)  # seen before: it recurs
         sandbox._held.add(p.digest(JUDGE_SOURCE)[0])  # the driver wrongly believes the actor holds it
         assert set(sandbox._intern(list(argv))[1]) == {3}  # it would go as its digest alone
         result = await sandbox.exec(argv, timeout=10)
-        return result, set(sandbox._held)
+        listing = await sandbox.exec(["ls", "-A"], timeout=10)
+        return result, set(sandbox._held), listing
 
-    result, held = run(closing(p, go()))
+    result, held, listing = run(closing(p, go()))
     assert result.stdout == f"{len(JUDGE_SOURCE)}\n" and held == set()
+    assert listing.stdout == ""  # the reset that rode with the refused call still happened
 
 
 def test_two_ranks_share_the_cluster_each_with_its_own_pool(cluster, make, tmp_path):

@@ -112,6 +112,7 @@ class RaySandbox:
     async def _ask(self, method: str, *args: Any, **kwargs: Any) -> Any:
         import ray
 
+        reset = False
         if method in ("exec", "write_file", "read_file"):
             reset, self._reset_due = self._reset_due, False
             args = (reset, *args)
@@ -127,7 +128,8 @@ class RaySandbox:
             self._busy -= 1
         if answer[0] == "ok":
             return answer[1]
-        if answer[0] == "resend":
+        if answer[0] == "resend":  # answered before anything ran there, the reset included
+            self._reset_due = self._reset_due or reset
             return answer
         raise _ERRORS.get(answer[1], InfraError)(answer[2])
 
