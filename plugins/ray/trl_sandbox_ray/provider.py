@@ -110,7 +110,6 @@ class RaySandbox:
         return bound + self._provider.call_margin_s
 
     async def _ask(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        import ray
 
         reset = False
         if method in ("exec", "write_file", "read_file"):
@@ -118,12 +117,12 @@ class RaySandbox:
             args = (reset, *args)
         self._busy += 1
         try:
-            answer = await getattr(self._handle, method).remote(*args, **kwargs)
-        except ray.exceptions.RayActorError as exc:
-            raise SandboxGoneError(f"sandbox {self.id} on node {self.host} ({self.node_id[:12]}) is gone: "
-                                   f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
-        except ray.exceptions.RayError as exc:
-            raise InfraError(f"sandbox {self.id}: Ray failed: {type(exc).__name__}: {exc}") from None
+            answer = await self._call(method, args, kwargs)
+        except BaseException:
+            # The call may not have reached the actor: a reset it carried is still due (one more
+            # is harmless; a job is retried whole, its files written again after it).
+            self._reset_due = self._reset_due or reset
+            raise
         finally:
             self._busy -= 1
         if answer[0] == "ok":
@@ -132,6 +131,17 @@ class RaySandbox:
             self._reset_due = self._reset_due or reset
             return answer
         raise _ERRORS.get(answer[1], InfraError)(answer[2])
+
+    async def _call(self, method: str, args: tuple, kwargs: dict) -> Any:
+        import ray
+
+        try:
+            return await getattr(self._handle, method).remote(*args, **kwargs)
+        except ray.exceptions.RayActorError as exc:
+            raise SandboxGoneError(f"sandbox {self.id} on node {self.host} ({self.node_id[:12]}) is gone: "
+                                   f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+        except ray.exceptions.RayError as exc:
+            raise InfraError(f"sandbox {self.id}: Ray failed: {type(exc).__name__}: {exc}") from None
 
     async def exec(self, argv: Sequence[str], *, stdin: bytes | str | None = None, timeout: float,
                    cwd: str | None = None, env: Mapping[str, str] | None = None) -> ExecResult:
