@@ -327,7 +327,7 @@ def test_a_node_lost_mid_batch_costs_time_not_scores(cluster, make):
     assert doomed_id not in {n["NodeID"] for n in ray.nodes() if n["Alive"]}
 
 
-def test_a_killed_driver_takes_its_sandboxes_along(cluster, tmp_path):
+def test_a_killed_driver_takes_its_sandboxes_along(cluster, make, tmp_path):
     """The process that made the pool is SIGKILLed: Ray ends its actors, bwrap dies with them."""
     import os
     import signal
@@ -349,8 +349,12 @@ def test_a_killed_driver_takes_its_sandboxes_along(cluster, tmp_path):
                               env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
         assert driver.stdout.readline().strip() == "ready"
-        ours = wait_until(lambda: [a for a in actor_table() if "doomed-driver" in a["Name"] and a["State"] == "ALIVE"], 30)
-        assert len(ours) == 3 and set(bwrap_pids()) - before
+        def alive_ones():
+            return [a for a in actor_table() if "doomed-driver" in a["Name"] and a["State"] == "ALIVE"]
+
+        # "ready" comes once one sandbox is up; the pool fills up to its three behind it.
+        wait_until(lambda: len(alive_ones()) == 3 and len(set(bwrap_pids()) - before) >= 3, 60)
+        assert len(alive_ones()) == 3 and set(bwrap_pids()) - before
         driver.send_signal(signal.SIGKILL)
         driver.wait(10)
         gone = wait_until(lambda: not [a for a in actor_table() if "doomed-driver" in a["Name"]
