@@ -455,6 +455,16 @@ def test_candidates_come_from_the_forker_with_the_clean_kernel_of_any_program():
         assert first["ipc"] == second["ipc"] != plain["ipc"]
 
 
+def test_a_plain_program_is_its_own_process_group_from_its_first_statement():
+    """The forked interpreter puts itself in its own group before it runs anything (its parent
+    does too, after the fork, and may come late: then the program's first children would stay in
+    PID 1's group, out of reach of the group's kill). 300 programs, the group read first thing."""
+    with local_host() as h:
+        box = h.create()
+        seen = [box.py("import os\nprint(os.getpgrp() == os.getpid())").stdout for _ in range(300)]
+    assert seen == ["True\n"] * 300
+
+
 UNSHARES = r'''
 import ctypes, json, os
 libc = ctypes.CDLL(None, use_errno=True)

@@ -122,6 +122,9 @@ def run_python_child(job):
     """Become a fresh ``__main__``, run the program, and exit as the interpreter would."""
     source, filename, sys_argv, path0, unbuffered, _ = job[0]
     code = job[1]
+    # Its own process group before it runs anything (the parent sets it too, but may be late: a
+    # child forked before that would stay in PID 1's group, out of reach of the group's kill).
+    os.setpgid(0, 0)
     child_setup(job)
     sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__ = S.STREAMS[unbuffered]
     sys.argv = sys_argv
