@@ -29,9 +29,12 @@ test: setup
 ## subprocesses, so three workers finish in about 60% of the time of one, also on 2 cores.
 TEST_WORKERS ?= 3
 export TEST_WORKERS
+## The ray provider's tests run after the others, on their own: their Ray cluster and the dozens of
+## sandbox actors its fault matrix starts would load the cores under the timing-sensitive tests.
 test-main: setup
 	$(BIN)/ruff check trl_sandbox plugins tests benchmarks examples scripts
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --ignore=plugins/ray
+	$(BIN)/python -m pytest -q -p no:cacheprovider plugins/ray
 
 lint: setup
 	$(BIN)/ruff check trl_sandbox plugins tests benchmarks examples
