@@ -108,6 +108,12 @@ class FakeContainer:
             time.sleep(0.002)
         raise RuntimeError("the fake sandbox's container did not start")
 
+    def run_outside(self, argv: list[str]) -> str:
+        """Run ``argv`` in the container outside every lease, as the service's daemon would
+        (``python3`` is the container's interpreter); its stdout."""
+        argv = [self.python if a == "python3" else a for a in argv]
+        return subprocess.run(self.argv(argv), env=self.env, capture_output=True, text=True, timeout=30).stdout
+
     def argv(self, argv: list[str], cwd: str = "/") -> list[str]:
         """Host argv running ``argv`` inside the container, as its root, in ``cwd`` (entered inside:
         nsenter's own --wd would open the host's path)."""

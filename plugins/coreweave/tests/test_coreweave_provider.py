@@ -377,14 +377,7 @@ def test_positive_control_without_the_launcher_a_program_writes_in_dev(provider)
 @pytest.fixture
 def outside(fake):
     """Runs argv in a fake sandbox outside every lease (as the service's daemon would) -> stdout."""
-    import subprocess
-
-    def run_outside(sandbox_id, argv):
-        box = fake.sandboxes[sandbox_id].box
-        argv = [box.python if a == "python3" else a for a in argv]
-        return subprocess.run(box.argv(argv), env=box.env, capture_output=True, text=True, timeout=30).stdout
-
-    return run_outside
+    return lambda sandbox_id, argv: fake.sandboxes[sandbox_id].box.run_outside(argv)
 
 
 def test_the_resident_launcher_serves_hides_and_is_optional(provider, outside):

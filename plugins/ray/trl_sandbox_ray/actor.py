@@ -20,13 +20,17 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from trl_sandbox.sandbox import ConfigError, SandboxSpec
+from trl_sandbox.sandbox import ConfigError, InfraError, SandboxGoneError, SandboxSpec
 
 MAX_INTERNED = 32  # large arguments an actor keeps (the driver sends at most this many whole to keep)
 
-# The error kinds an actor reports, subclasses before their bases; anything else is "InfraError".
-KINDS = ("ConfigError", "SandboxGoneError", "InfraError", "FileNotFoundError", "PermissionError",
-         "IsADirectoryError", "ValueError", "TypeError", "OSError")
+# The errors that cross the wire by name (subclasses before their bases); anything else is
+# reported as an InfraError. The driver raises them again from this same table.
+ERRORS: dict[str, type[BaseException]] = {
+    "ConfigError": ConfigError, "SandboxGoneError": SandboxGoneError, "InfraError": InfraError,
+    "FileNotFoundError": FileNotFoundError, "PermissionError": PermissionError,
+    "IsADirectoryError": IsADirectoryError, "ValueError": ValueError, "TypeError": TypeError, "OSError": OSError,
+}
 
 
 def _lower_oom_score() -> None:
@@ -45,15 +49,9 @@ def _lower_oom_score() -> None:
 
 
 def failure(exc: BaseException) -> tuple[str, str, str]:
-    """``exc`` as ``("raise", kind, message)``, its kind from ``KINDS``."""
-    from trl_sandbox.sandbox import InfraError, SandboxGoneError
-
-    classes = {"ConfigError": ConfigError, "SandboxGoneError": SandboxGoneError, "InfraError": InfraError,
-               "FileNotFoundError": FileNotFoundError, "PermissionError": PermissionError,
-               "IsADirectoryError": IsADirectoryError, "ValueError": ValueError, "TypeError": TypeError,
-               "OSError": OSError}
-    for kind in KINDS:
-        if isinstance(exc, classes[kind]):
+    """``exc`` as ``("raise", kind, message)``, its kind a key of ``ERRORS``."""
+    for kind, cls in ERRORS.items():
+        if isinstance(exc, cls):
             return ("raise", kind, str(exc))
     return ("raise", "InfraError", f"{type(exc).__name__}: {exc}")
 

@@ -38,7 +38,7 @@ from trl_sandbox.sandbox import (
 )
 
 from . import cluster
-from .actor import MAX_INTERNED, SandboxActor
+from .actor import ERRORS, MAX_INTERNED, SandboxActor
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +46,6 @@ STRATEGIES = ("SPREAD", "DEFAULT")
 # Arguments of this many characters that recur cross once per sandbox, then as their digest.
 INTERN_MIN, INTERN_MAX = 4096, 256 * 1024
 _ACTOR_CLASS: Any = None  # ray.remote(SandboxActor), made once per process
-_ERRORS: dict[str, type[BaseException]] = {
-    "ConfigError": ConfigError, "SandboxGoneError": SandboxGoneError, "InfraError": InfraError,
-    "FileNotFoundError": FileNotFoundError, "PermissionError": PermissionError,
-    "IsADirectoryError": IsADirectoryError, "ValueError": ValueError, "TypeError": TypeError, "OSError": OSError,
-}
 
 
 def _mapping(name: str, value: Any, kind: type) -> dict[str, Any]:
@@ -130,7 +125,7 @@ class RaySandbox:
         if answer[0] == "resend":  # answered before anything ran there, the reset included
             self._reset_due = self._reset_due or reset
             return answer
-        raise _ERRORS.get(answer[1], InfraError)(answer[2])
+        raise ERRORS.get(answer[1], InfraError)(answer[2])
 
     async def _call(self, method: str, args: tuple, kwargs: dict) -> Any:
         import ray
