@@ -10,6 +10,9 @@ candidate could have used it up, with a wall-clock backstop for a candidate that
 import os
 import time
 
+if "MeterShare" not in globals():  # on the host; in the sandbox ``judge/meter.py``'s text runs first
+    from trl_sandbox.judge.meter import MeterShare
+
 
 def _cpu_seconds(pid, leave_out=None):
     """CPU seconds of the candidate process ``pid`` and every process it started, live or reaped:
@@ -80,6 +83,14 @@ class _Clock:
         self.wall_deadline = start + (wall_limit if self.cpu else limit)
         self.next_check = start + limit / _CORES if self.cpu else self.wall_deadline
         self.leave_out = None  # a resident judge's: see _cpu_seconds
+        self.share = None
+
+    def exclude(self, pids):
+        """The candidate is the only program in the sandbox: every process but PID 1, the judge and
+        ``pids`` counts against it, and so does what the sandbox's meter charged meanwhile beyond
+        those (processes the kernel reaped by itself, whose time reaches no rusage)."""
+        self.leave_out = tuple(pids)
+        self.share = MeterShare((os.getpid(), 1) + self.leave_out)
 
     def wait_s(self, pid):
         """Seconds to wait before looking again; None once the budget is spent."""
@@ -88,6 +99,9 @@ class _Clock:
             return None
         if now >= self.next_check:
             used = _cpu_seconds(pid, self.leave_out)
+            metered = self.share.used() if self.share is not None and used is not None else None
+            if metered is not None:
+                used = max(used, metered)
             if used is not None:
                 if used >= self.limit:
                     return None

@@ -33,6 +33,9 @@ CLONE, CLONE3 = (56, 220), (435, 435)
 PRLIMIT64 = (302, 261)
 EVERYONE = 0xFFFFFFFF
 PIDFD_SEND_SIGNAL = (424, 424)
+# Calls that make a SysV IPC object or a POSIX message queue (x86_64, aarch64): such objects live
+# in the IPC namespace, not in a test's files, and would carry state from one test to the next.
+IPC_OBJECTS = ((29, 194), (68, 186), (64, 190), (240, 180))  # shmget, msgget, semget, mq_open
 
 
 def protect_rules(pids):
@@ -145,8 +148,8 @@ def arch_check(column, audit_arch):
 
 def guard_program(machine, pids):
     """A filter of its own (stacked on whatever the process has) that keeps the process and all it
-    starts off ``pids``: the roads of the module docstring, nothing else. Raises ``OSError`` on an
-    architecture without one."""
+    starts off ``pids``: the roads of the module docstring, and no IPC object (``IPC_OBJECTS``: a
+    test would find the one before it left). Raises ``OSError`` on an architecture without one."""
     if machine not in ARCHES:
         raise OSError(EPERM, f"no seccomp filter for the architecture {machine!r} (x86_64 and aarch64 have one)")
     column, audit_arch = ARCHES[machine]
@@ -156,5 +159,7 @@ def guard_program(machine, pids):
         code += block
     code += rule_blocks(column, protect_rules(pids))
     code += [ins(JEQ, PIDFD_SEND_SIGNAL[column], 0, 1), ins(RET, RET_ERRNO | EPERM)]
+    for nrs in IPC_OBJECTS:
+        code += [ins(JEQ, nrs[column], 0, 1), ins(RET, RET_ERRNO | EPERM)]
     code += prlimit_and_clone(column, CLONE_PARENT)
     return b"".join(code)

@@ -9,8 +9,10 @@ import signal
 import time
 
 if "guard_program" not in globals():
-    # On the host the filter's rules are a module of their own; sent to a sandbox, its text runs first.
+    # On the host the filter's rules and the meter are modules of their own; sent to a sandbox, their
+    # text runs first.
     from trl_sandbox.judge.guard import guard_program
+    from trl_sandbox.judge.meter import MeterShare, meter_memory, meter_own_memory, meter_run_delay
 
 SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")
 TICK = os.sysconf("SC_CLK_TCK")
@@ -101,13 +103,22 @@ def reaped_cpu():
     return usage.ru_utime + usage.ru_stime
 
 
-def zombie(pid):
-    """Dead and waiting to be reaped (by a helper that may be stopped): nothing left to kill."""
+def threads_gone(pid):
+    """Whether every thread of ``pid`` has ended (dead, waiting to be reaped by a helper that may be
+    stopped: nothing left to kill). A process whose main thread exited while another thread runs
+    shows as a zombie in its own ``stat``; it is not gone until all its threads are."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
-    except (OSError, IndexError):
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
         return True
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as fh:
+                if fh.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X"):
+                    return False
+        except (OSError, IndexError):
+            continue
+    return True
 
 
 def kill_all(spare=()):
@@ -116,7 +127,7 @@ def kill_all(spare=()):
     died and were reaped here: their numbers are free for reuse from now on."""
     spared, gone = set(spare), []
     for _ in range(100000):
-        pids = [p for p in descendants() if p not in spared and not zombie(p)]
+        pids = [p for p in descendants() if p not in spared and not threads_gone(p)]
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -273,15 +284,29 @@ class Cold:
         return raw, 0.0
 
 
-def run(starter, cwd, data, cpu, memory_mb, wall, out_cap, err_cap, spare=()):
-    """Run one process tree to its end; returns a dict: status, cpu, out, err, why (TLE/OLE/None).
-    ``starter`` is ``Cold`` or the warm interpreter; ``spare`` the runner's own helpers."""
+# A sleeping or blocked test ends at its wall backstop; time it spent waiting for a CPU (busy
+# neighbours) is not counted there, up to this many backstops: a test that keeps itself runnable
+# without running (yielding next to busy neighbours) still ends.
+WAIT_CAP = 4
+
+
+def run(starter, cwd, data, cpu, memory_mb, wall, out_cap, err_cap, spare=(), meter_mb=0):
+    """Run one process tree to its end; returns a dict: status, cpu, out, err, memory (the peak the
+    meter saw, bytes; None without one), why (TLE/OLE/MLE/None). ``starter`` is ``Cold`` or the warm
+    interpreter; ``spare`` the runner's own helpers; ``memory_mb`` the address-space limit (0: none);
+    ``meter_mb`` the bound on the memory the sandbox's meter charges to the test (0: none)."""
     import select
 
     stdin_fd = input_fd(data)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     base = reaped_cpu()
+    # The meter (``judge/meter.py``): CPU of every process of the test, also those the kernel reaped
+    # by itself, less what this runner, its helpers and PID 1 used meanwhile; memory outside any
+    # address space (memfd, tmpfs, shared memory) less this runner's own growth.
+    share = MeterShare((os.getpid(), 1) + tuple(spare))
+    memory_base = meter_memory() if share.base is not None else None
+    own_base = meter_own_memory() if memory_base is not None else 0
     start = time.monotonic()
     try:
         starter.start(cwd, stdin_fd, out_w, err_w, cpu, memory_mb)
@@ -295,8 +320,31 @@ def run(starter, cwd, data, cpu, memory_mb, wall, out_cap, err_cap, spare=()):
     extra = 0.0
 
     def tree_cpu():
-        """What the tree used up to now, dead children not yet reaped by a stopped helper included."""
-        return (reaped_cpu() - base) + extra + cpu_of([p for p in descendants() if p not in spare])
+        """What the tree used up to now, dead children not yet reaped by a stopped helper included,
+        and at least what the meter charged (children reaped by the kernel itself included)."""
+        counted = (reaped_cpu() - base) + extra + cpu_of([p for p in descendants() if p not in spare])
+        metered = share.used()
+        return counted if metered is None else max(counted, metered)
+
+    peak = [0]
+
+    def memory_over():
+        if memory_base is None:
+            return False
+        now = meter_memory()
+        if now is None:
+            return False
+        peak[0] = max(peak[0], now - memory_base - max(0, meter_own_memory() - own_base))
+        return bool(meter_mb) and peak[0] > meter_mb << 20
+
+    def out_of_wall(now):
+        """Past the backstop, not counting the time the tree waited for a CPU (to a cap)."""
+        elapsed = now - start
+        if elapsed <= wall:
+            return False
+        if elapsed > WAIT_CAP * wall:
+            return True
+        return elapsed - meter_run_delay([p for p in descendants() if p not in spare]) > wall
 
     out, err = bytearray(), bytearray()
     open_fds = {out_r: (out, out_cap), err_r: (err, err_cap)}
@@ -311,7 +359,7 @@ def run(starter, cwd, data, cpu, memory_mb, wall, out_cap, err_cap, spare=()):
             break
         if status is not None and time.monotonic() - start > wall:
             break  # a leftover process holds the pipes open: it is killed below
-        # Wake on output, on the program's end (``starter.waitable``) or every 10 ms for the CPU check.
+        # Wake on output, on the program's end (``starter.waitable``) or every 10 ms for the checks.
         ready = select.select(list(open_fds) + ([] if status is not None else starter.waitable()), [], [], 0.01)[0]
         for fd in ready:
             if fd not in open_fds:
@@ -331,16 +379,18 @@ def run(starter, cwd, data, cpu, memory_mb, wall, out_cap, err_cap, spare=()):
                     why = "OLE"  # no right answer needs this much on stderr; reading it costs us
         if why == "OLE":
             break
-        if time.monotonic() - start > wall:
-            why = "TLE"
-            break
         now = time.monotonic()
-        if cpu and now >= next_check:  # the whole tree's CPU, every 10 ms (a short test never pays for it)
+        if now >= next_check:  # every 10 ms (a short test never pays for it)
             next_check = now + 0.01
-            if tree_cpu() > cpu:
+            if memory_over():
+                why = "MLE"
+                break
+            if (cpu and tree_cpu() > cpu) or out_of_wall(now):
                 why = "TLE"
                 break
     seen = tree_cpu()
+    if memory_over() and why is None:
+        why = "MLE"  # the last allocation before the end
     if kill_all(spare) and hasattr(starter, "reaped"):
         starter.reaped()
     if status is None:
@@ -352,4 +402,4 @@ def run(starter, cwd, data, cpu, memory_mb, wall, out_cap, err_cap, spare=()):
     if cpu and used > cpu and why is None:
         why = "TLE"
     return {"status": status, "cpu": used, "wall": time.monotonic() - start, "out": bytes(out),
-            "err": bytes(err), "why": why}
+            "err": bytes(err), "why": why, "memory": peak[0] if memory_base is not None else None}

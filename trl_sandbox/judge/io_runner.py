@@ -30,6 +30,9 @@ import time
 
 MARKER = "@@trl-sandbox-verdict@@"
 MAX_LATE = 2  # time limits after which a program's remaining tests are not run
+# MB a runtime that bounds its own heap (a JVM's -Xmx, V8's old space) holds beside it (code,
+# metadata, stacks): the meter's bound for its tests is the row's limit plus this.
+RUNTIME_MB = 64
 
 if "run" not in globals():
     # On the host (tests, linters) the process helpers are a module of their own. Sent to a sandbox,
@@ -91,7 +94,7 @@ def crash_kind(result):
     """MLE or RE for a process that failed: an allocation refused under the memory limit is MLE."""
     text = result["err"][-4096:]
     for mark in (b"MemoryError", b"bad_alloc", b"out of memory", b"OutOfMemoryError", b"Cannot allocate memory",
-                 b"memory allocation of", b"heap out of memory"):
+                 b"memory allocation of", b"heap out of memory", b"Array buffer allocation failed"):
         if mark in text:
             return "MLE"
     return "RE"
@@ -141,7 +144,7 @@ class Runner:
         self.count += 1
         return os.path.join(self.work, f"{name}-{self.count}")
 
-    def contained(self, argv, files, data, cpu, memory_mb, wall, out_cap, env=None, warm=None):
+    def contained(self, argv, files, data, cpu, memory_mb, wall, out_cap, env=None, warm=None, meter_mb=0):
         """Run ``argv`` (or the ``warm`` interpreter) in a fresh directory holding ``files``;
         afterwards nothing of it is left."""
         where = self.fresh_dir("run")
@@ -153,11 +156,11 @@ class Runner:
         try:
             if spare:
                 try:
-                    return run(warm, where, data, cpu, memory_mb, wall, out_cap, 64 << 10, spare)
+                    return run(warm, where, data, cpu, memory_mb, wall, out_cap, 64 << 10, spare, meter_mb)
                 except WarmGone:
                     pass  # the zygote is gone before the test started: this test and the rest start cold
             return run(Cold(argv, {**self.env, "HOME": where, **(env or {})}), where, data, cpu, memory_mb, wall,
-                       out_cap, 64 << 10)
+                       out_cap, 64 << 10, meter_mb=meter_mb)
         finally:
             remove(where)
             for path in scratch_entries((self.work,)) - before:
@@ -206,12 +209,17 @@ class Runner:
         limit = float(test.get("time_limit") or p["time_limit"])
         memory = int(test.get("memory_mb") or p["memory_mb"])
         argv = [a.replace("{memory_mb}", str(memory)) for a in lang["run"]]
+        bounded = lang.get("memory", "as") == "as"  # else the runtime bounds its heap by a flag
         got = self.contained(argv, files, test["input"].encode("utf-8", "surrogateescape"), limit,
-                             memory if lang.get("memory", "as") == "as" else 0,
-                             max(limit * 2, limit + 1.0), 2 * len(want) + (64 << 10), lang.get("env"), self.warm)
+                             memory if bounded else 0, max(limit * 2, limit + 1.0), 2 * len(want) + (64 << 10),
+                             lang.get("env"), self.warm, memory + (0 if bounded else RUNTIME_MB))
         verdict = {"cpu": round(got["cpu"], 4)}
+        if got.get("memory") is not None:
+            verdict["mb"] = round(got["memory"] / (1 << 20), 1)
         if got["why"] == "TLE":
             return {**verdict, "v": "TLE", "detail": f"over {limit:g} s"}
+        if got["why"] == "MLE":
+            return {**verdict, "v": "MLE", "detail": f"over {memory} MB"}
         if got["why"] == "OLE":
             return {**verdict, "v": "WA", "detail": "output limit exceeded"}
         raw = got["status"]

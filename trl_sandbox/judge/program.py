@@ -205,13 +205,13 @@ def main():
     if _ATTACH is None:
         pid, wfd, rfd = _start_candidate(candidate_spec, nonce)
         if _SOLE:
-            clock.leave_out = ()
+            clock.exclude(())
     else:
         # A resident judge is told the candidate and its sandbox's other resident processes (the
         # forker): every other process there counts against the candidate's budget.
         attached = _ATTACH(candidate_part, _compiled_ahead(candidate_spec))
         pid, wfd, rfd = attached[:3]
-        clock.leave_out = tuple(attached[3:])
+        clock.exclude(attached[3:])
     judge_spec = _pickle.loads(_read_message(0))
     conn = _Conn(pid, wfd, rfd, clock, int(candidate_spec.get("max_bytes", 16 << 20)))
     verdict = {"v": VERSION, "nondumpable": guarded}

@@ -46,7 +46,7 @@ from trl_sandbox.sandbox import ExecResult, Outcome, Program
 # The candidate's half first: the judge's half uses its names (and imports them only on the host).
 JUDGE_SOURCE: str = "\n".join(
     (Path(__file__).with_name(name)).read_text(encoding="utf-8")
-    for name in ("candidate.py", "resident.py", "clock.py", "conn.py", "program.py")
+    for name in ("candidate.py", "resident.py", "meter.py", "clock.py", "conn.py", "program.py")
 )
 # -I: an isolated interpreter. No current directory (where the candidate writes) and no user site
 # on ``sys.path``, no PYTHON* variables: every module the judge imports comes from read-only places.

@@ -146,6 +146,18 @@ class SandboxGroup:
     def cpu_seconds(self) -> float | None:
         return self.owner._cpu_of(self.dirs)
 
+    def meter_files(self) -> list[str]:
+        """The group's counters of CPU time and memory that the sandbox reads from inside
+        (``judge/meter.py``): programs' CPU and memory are counted where nothing can hide them."""
+        owner, found = self.owner, []
+        for controller, name in (("cpu", "cpu.stat") if owner.version == 2 else ("cpuacct", "cpuacct.usage"),
+                                 ("memory", "memory.stat")):
+            base = owner.bases.get(controller)
+            path = next((os.path.join(d, name) for d in self.dirs if base and d.startswith(base + "/")), None)
+            if path is not None and os.path.exists(path):
+                found.append(path)
+        return found
+
     async def remove(self, timeout: float = 5.0) -> None:
         """Kill whatever is left in the group, then remove its directories (retrying while busy)."""
         self.close_fds()

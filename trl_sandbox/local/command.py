@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trl_sandbox.judge.meter import METER_DIR
 from trl_sandbox.local import mounts
 from trl_sandbox.sandbox import ConfigError
 
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
 SUPERVISOR_DIR = Path(__file__).with_name("supervisor")
 # The seccomp rules that keep programs off the judges: the supervisor's filter uses them too.
 GUARD_RULES = Path(__file__).resolve().parent.parent / "judge" / "guard.py"
+# The sandbox's meter (its cgroup's CPU and memory, read from inside): the supervisor's budget uses it.
+METER_RULES = GUARD_RULES.with_name("meter.py")
 # Inside the sandbox: the package under a name no program's module shadows, and its entry script.
 SUPERVISOR_PACKAGE = "/.trl-sandbox/_trl_sandbox_supervisor"
 SUPERVISOR_PATH = "/.trl-sandbox/supervisor.py"
@@ -71,7 +74,7 @@ KERNEL_HINT = (
 def supervisor_files() -> dict[str, bytes]:
     """Path inside the sandbox -> contents, for every file of the supervisor."""
     files = {SUPERVISOR_PATH: SUPERVISOR_ENTRY}
-    for path in [*sorted(SUPERVISOR_DIR.glob("*.py")), GUARD_RULES]:
+    for path in [*sorted(SUPERVISOR_DIR.glob("*.py")), GUARD_RULES, METER_RULES]:
         files[f"{SUPERVISOR_PACKAGE}/{path.name}"] = path.read_bytes()
     return files
 
@@ -116,8 +119,10 @@ class Command:
         return [[self.work_dir, self.sizes["work"], 0o755], ["/tmp", self.sizes["tmp"], 0o1777],
                 ["/dev/shm", self.sizes["shm"], 0o1777]]
 
-    def args(self, env: Mapping[str, str], command: Sequence[str]) -> tuple[list[str], list[int]]:
-        """The bwrap command line, and the memfds it reads (to pass, then close)."""
+    def args(self, env: Mapping[str, str], command: Sequence[str],
+             meter: Sequence[str] = ()) -> tuple[list[str], list[int]]:
+        """The bwrap command line, and the memfds it reads (to pass, then close). ``meter``: the
+        sandbox's cgroup counters, bound read-only at ``judge.meter.METER_DIR``."""
         uid = self.uid
         data = {
             **self.supervisor,
@@ -147,6 +152,8 @@ class Command:
             args += ["--ro-bind", src, dest]
         args += mounts.mask_args(self.sites, self.packages, sized=self.version >= (0, 7), perms=self.tmpfs_perms)
         args += ["--proc", "/proc", *mounts.proc_args(), "--dev", "/dev"]
+        for path in meter:
+            args += ["--ro-bind", path, f"{METER_DIR}/{os.path.basename(path)}"]
         # Mount points only: the supervisor mounts the size-capped tmpfs that programs use on top.
         for dest, perms in ((self.work_dir, "0755"), ("/tmp", "1777"), ("/dev/shm", "1777")):
             if self.tmpfs_perms:

@@ -285,10 +285,15 @@ class LocalProvider:
             )
         sandbox_id = "local-" + uuid.uuid4().hex[:12]
         command = self._command
-        args, fds = command.args(command.env(spec.env), [self._python, "-s", SUPERVISOR_PATH])
-        group = None
+        group = self._group(sandbox_id, spec)
         try:
-            group = self._group(sandbox_id, spec)
+            args, fds = command.args(command.env(spec.env), [self._python, "-s", SUPERVISOR_PATH],
+                                     meter=group.meter_files() if group is not None else ())
+        except BaseException:
+            if group is not None:
+                await asyncio.shield(group.remove())
+            raise
+        try:
             proc = await asyncio.create_subprocess_exec(
                 *args,
                 stdin=asyncio.subprocess.PIPE,

@@ -9,6 +9,11 @@ import os
 
 from . import state as S
 
+try:  # in the sandbox the meter rides in this package (``local.command.supervisor_files``)
+    from .meter import MeterShare
+except ImportError:  # on the host (tests)
+    from trl_sandbox.judge.meter import MeterShare
+
 
 def children_cpu_s():
     """CPU seconds of every process this supervisor has reaped so far."""
@@ -68,6 +73,9 @@ class Budget:
         self.timeout = timeout
         self.children_cpu = children_cpu
         self.offset = offset  # CPU seconds of a process that was there before (a resident judge)
+        # The sandbox's cgroup, less PID 1 (this process): it also counts the processes the kernel
+        # reaped by itself, whose time reaches no rusage (``judge/meter.py``).
+        self.share = MeterShare((os.getpid(),)) if self.cpu else None
         self.wall_deadline = start + (S.WALL_FACTOR * timeout + S.WALL_MARGIN_S if self.cpu else timeout)
         self.next_check = start + timeout / CORES if self.cpu else self.wall_deadline
         self.wall_hit = False
@@ -78,8 +86,14 @@ class Budget:
             self.wall_hit = self.cpu
             return None
         if now >= self.next_check:
-            left = self.timeout - (tree_cpu(self.children_cpu) - self.offset)
+            left = self.timeout - self.used()
             if left <= 0:
                 return None
             self.next_check = now + max(0.005, left / CORES)
         return min(self.next_check, self.wall_deadline) - now
+
+    def used(self):
+        """CPU seconds of the exec so far: its processes' from /proc, at least what the meter charged."""
+        counted = tree_cpu(self.children_cpu) - self.offset
+        metered = self.share.used() if self.share is not None else None
+        return counted if metered is None else max(counted, metered)

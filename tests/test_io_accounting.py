@@ -1,0 +1,352 @@
+"""What a test of a whole program is charged, and what it leaves: CPU the kernel reaps unseen,
+memory outside the address space, a process whose main thread is gone, IPC objects, and time spent
+waiting for a CPU. Each attack runs next to a positive control that shows its means work."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from trl_sandbox.pool.sandbox_pool import SandboxPool
+from trl_sandbox.tasks.generic import GenericTask
+
+from .task_helpers import score
+
+ONE = [{"input": "1 2\n", "output": "3\n"}]
+FIVE = [{"input": f"{i} {i}\n", "output": f"{2 * i}\n"} for i in range(1, 6)]
+SUM_PY = "a, b = map(int, input().split())\nprint(a + b)\n"
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with SandboxPool.open("local", size=2, made_by="test-io-accounting") as pool:
+        yield pool
+
+
+@pytest.fixture(scope="module")
+def metered(pool):
+    """Whether the sandboxes have the cgroup meter (cgroups available on this machine)."""
+    return str(pool.provider_usage().get("sandbox/isolation_mode", "none")).startswith("cgroup")
+
+
+def _row(tests=ONE, **columns):
+    return {"task_id": "acct", "tests": tests, **columns}
+
+
+def _exec(pool, source: str, timeout: float = 20.0):
+    """A plain Python program in a sandbox of the pool (outside any judge): the controls."""
+    return pool.loop.run(pool.aexec(["python3", "-c", source], timeout=timeout))
+
+
+# -- CPU the kernel reaps by itself ------------------------------------------------------------
+
+HIDE_C = r"""
+#include <signal.h>
+#include <stdio.h>
+#include <time.h>
+#include <unistd.h>
+#include <sys/wait.h>
+static void burn(double s) { clock_t end = clock() + (clock_t)(s * CLOCKS_PER_SEC); volatile unsigned long x = 0; while (clock() < end) x++; }
+int main(void) {
+  IGNORE
+  for (int i = 0; i < CHILDREN; i++) { if (fork() == 0) { burn(0.003); _exit(0); } while (wait(NULL) > 0) {} }
+  long a, b; if (scanf("%ld %ld", &a, &b) != 2) return 1; printf("%ld\n", a + b); return 0; }
+"""
+
+HIDE_PY = """
+import os, signal, time
+IGNORE
+def burn(seconds):
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+for _ in range(CHILDREN):
+    if os.fork() == 0:
+        burn(0.003)
+        os._exit(0)
+    try:
+        while os.wait():
+            pass
+    except ChildProcessError:
+        pass
+"""
+
+
+def _hide_c(children: int, ignore: bool = True) -> str:
+    return HIDE_C.replace("CHILDREN", str(children)).replace("IGNORE", "signal(SIGCHLD, SIG_IGN);" if ignore else "")
+
+
+def test_work_in_children_the_kernel_reaps_itself_counts_against_the_time_limit(pool):
+    """Children reaped by the kernel (SIGCHLD ignored) take their CPU time with them: no rusage
+    holds it, and 3 ms children are rarely sampled. Their work is 1.4x the limit: a time limit."""
+    row = _row(FIVE, language="c", time_limit=0.25)
+    hidden, reaped, light = score(pool, GenericTask(), [_hide_c(120), _hide_c(120, ignore=False), _hide_c(5)], row)
+    assert light.status == "passed", light.detail  # the program is right and fast with little work
+    assert reaped.status == "timeout", reaped.detail  # the same work, reaped by the program: counted
+    assert hidden.status == "timeout" and "TLE" in hidden.detail, hidden.detail
+
+
+def test_the_kernel_hides_such_childrens_time_from_rusage(pool):
+    """The means: with SIGCHLD ignored, the children's CPU time reaches no rusage of the parent."""
+    probe = HIDE_PY.replace("CHILDREN", "40") + "import resource\nu = resource.getrusage(resource.RUSAGE_CHILDREN)\n" \
+        "print(u.ru_utime + u.ru_stime)\n"
+    seen = {}
+    for ignore in (True, False):
+        result = _exec(pool, probe.replace("IGNORE", "signal.signal(signal.SIGCHLD, signal.SIG_IGN)" if ignore else ""))
+        seen[ignore] = float(result.stdout.split()[-1])
+    assert seen[False] >= 0.08 and seen[True] < 0.02, seen
+
+
+def test_the_function_judge_counts_children_the_kernel_reaps_itself(pool):
+    """A candidate whose call does 3x its budget in self-reaped children times out; with a budget
+    that covers the work, the same candidate passes."""
+    from trl_sandbox.scoring.scorer import Scorer
+    from trl_sandbox.tasks.builtin import TASKS
+    from trl_sandbox.tasks.generic import tasks_from_dict
+
+    body = HIDE_PY.replace("CHILDREN", "300").replace("IGNORE", "signal.signal(signal.SIGCHLD, signal.SIG_IGN)")
+    program = "def max_subarray_sum(xs):\n" + textwrap.indent(body, "    ") + \
+        "    best = cur = xs[0]\n    for x in xs[1:]:\n        cur = max(x, cur + x)\n        best = max(best, cur)\n" \
+        "    return best\n"
+    entry = {**TASKS["max_subarray"], "tests": ["[-2, 1, -3, 4, -1, 2, 1, -5, 4]"]}
+    tight = tasks_from_dict({"max_subarray": {**entry, "timeout": 0.3}}, extract="raw")[0]
+    generous = tasks_from_dict({"max_subarray": {**entry, "timeout": 20.0}}, extract="raw")[0]
+    scorer = Scorer(pool, cache_size=0)
+    slow, control = scorer.score([program, program], [tight, generous])
+    assert control.status == "passed", control
+    assert slow.status == "timeout" and slow.reward == -1.0, slow
+
+
+# -- memory outside the address space ----------------------------------------------------------
+
+MEMFD_PY = """
+import os
+fds, chunk = [], b"x" * (1 << 20)
+for _ in range(FILES):
+    fds.append(os.memfd_create("pinned"))
+    for _ in range(30):
+        os.write(fds[-1], chunk)
+a, b = map(int, input().split())
+print(a + b)
+"""
+
+SHM_C = r"""
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+int main(void) {
+  for (int i = 0; i < FILES; i++) {
+    int fd = memfd_create("pinned", 0);
+    if (fd < 0 || ftruncate(fd, 30 << 20) != 0) return 3;
+    char *p = mmap(0, 30 << 20, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) return 4;
+    memset(p, 1, 30 << 20);
+    munmap(p, 30 << 20);
+  }
+  long a, b; if (scanf("%ld %ld", &a, &b) != 2) return 1; printf("%ld\n", a + b); return 0; }
+"""
+
+
+def test_memory_held_outside_the_address_space_is_a_memory_limit(pool, metered):
+    """300 MB in memfd files (written, or mapped and touched) on a 64 MB row: never a pass, and a
+    memory limit where the sandbox has its meter. Controls: 30 MB the same way passes."""
+    row = _row(FIVE, memory_limit=64)
+    big_py, small_py = score(pool, GenericTask(), [MEMFD_PY.replace("FILES", "10"), MEMFD_PY.replace("FILES", "1")], row)
+    c_row = _row(FIVE, memory_limit=64, language="c")
+    big_c, small_c = score(pool, GenericTask(), [SHM_C.replace("FILES", "10"), SHM_C.replace("FILES", "1")], c_row)
+    assert small_py.status == "passed" and small_c.status == "passed", (small_py.detail, small_c.detail)
+    for big in (big_py, big_c):
+        assert big.status != "passed", big.detail
+        if metered:
+            assert big.status == "error" and "MLE" in big.detail, big.detail
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs node (IO_LANGUAGES=javascript)")
+def test_a_typed_array_beyond_the_heap_flag_is_a_memory_limit(pool, metered):
+    """V8's heap flag does not bound array buffers: 180 MB of them on a 64 MB row (the bound of a
+    runtime with a heap flag is the row's limit and 64 MB for the runtime itself)."""
+    read = "const [a, b] = require('fs').readFileSync(0, 'utf8').trim().split(/\\s+/).map(Number);\n"
+    hog = "const xs = [];\nfor (let i = 0; i < 6; i++) { xs.push(new Uint8Array(30 << 20).fill(1)); }\nconst x = xs[5];\n" \
+        + read + "console.log(a + b + x[5] - 1);\n"
+    small = "const x = new Uint8Array(8 << 20); x.fill(1);\n" + read + "console.log(a + b + x[5] - 1);\n"
+    big, control = score(pool, GenericTask(), [hog, small], _row(FIVE, memory_limit=64, language="javascript"))
+    assert control.status == "passed", control.detail
+    assert big.status != "passed", big.detail
+    if metered:
+        assert big.status == "error" and "MLE" in big.detail, big.detail
+
+
+# -- a process whose main thread is gone -------------------------------------------------------
+
+# Test 1 leaves a child whose main thread exits while another thread lives on (the kernel shows it
+# as a zombie), named "survivor"; every later test looks for it and prints a wrong answer if found.
+SURVIVOR = """
+import ctypes, os, threading, time
+def survivors():
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            for tid in os.listdir("/proc/%s/task" % pid):
+                with open("/proc/%s/task/%s/comm" % (pid, tid)) as fh:
+                    if fh.read().strip() == "survivor":
+                        found.append(pid)
+        except OSError:
+            pass
+    return found
+a, b = map(int, input().split())
+earlier = survivors()
+if a == 1:
+    if os.fork() == 0:
+        for fd in (0, 1, 2):
+            os.dup2(os.open(os.devnull, os.O_RDWR), fd)
+        def live():
+            libc = ctypes.CDLL(None)
+            libc.prctl(15, b"survivor", 0, 0, 0)
+            time.sleep(30)
+        threading.Thread(target=live).start()
+        ctypes.CDLL(None).pthread_exit(None)
+    deadline = time.monotonic() + 5
+    while not survivors() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    mine = survivors()
+    state = open("/proc/%s/stat" % mine[0]).read().rsplit(")", 1)[1].split()[0] if mine else "?"
+    print(a + b if mine and state == "Z" else "the means failed: %s %s" % (mine, state))
+else:
+    print(a + b if not earlier else "found %s" % earlier)
+"""
+
+
+def test_a_process_whose_main_thread_exited_does_not_outlive_its_test(pool):
+    """Test 1 checks the means (its child shows as a zombie while its thread runs); tests 2-5 pass
+    only when nothing of test 1 is left."""
+    outcome = score(pool, GenericTask(), [SURVIVOR], _row(FIVE))[0]
+    assert outcome.status == "passed", outcome.detail
+
+
+# The same survivor, now against a checker: it copies every answer file it finds over the output
+# file beside it, while the checker starts.
+CHECKER = """
+import sys
+out, ans = open(sys.argv[2]).read().split(), open(sys.argv[3]).read().split()
+sys.exit(0 if out == ans else 1)
+"""
+
+FORGER = """
+import ctypes, glob, os, shutil, threading, time
+work = os.path.dirname(os.getcwd())
+if os.fork() == 0:
+    for fd in (0, 1, 2):
+        os.dup2(os.open(os.devnull, os.O_RDWR), fd)
+    def forge():
+        end = time.monotonic() + 20
+        while time.monotonic() < end:
+            for answer in glob.glob(work + "/*/answer.txt"):
+                try:
+                    shutil.copy(answer, os.path.join(os.path.dirname(answer), "output.txt"))
+                except OSError:
+                    pass
+            time.sleep(0.0005)
+    threading.Thread(target=forge).start()
+    ctypes.CDLL(None).pthread_exit(None)
+print("wrong")
+"""
+
+
+def test_a_survivor_cannot_rewrite_the_output_a_checker_reads(pool):
+    row = _row(FIVE, checker=CHECKER)
+    forger, honest, wrong = score(pool, GenericTask(), [FORGER, SUM_PY, "print('wrong')"], row)
+    assert honest.status == "passed" and wrong.status == "failed", (honest.detail, wrong.detail)
+    assert forger.status == "failed" and forger.passed == 0, forger.detail
+
+
+# -- IPC objects between tests -----------------------------------------------------------------
+
+IPC = """
+import ctypes, ctypes.util
+libc = ctypes.CDLL(None, use_errno=True)
+rt = ctypes.CDLL(ctypes.util.find_library("rt") or None, use_errno=True)
+rt.mq_open.restype = ctypes.c_int
+KEY, CREAT = 0x7A11, 0o1000
+def find():
+    return [what for what, got in (("shm", libc.shmget(KEY, 0, 0)), ("msg", libc.msgget(KEY, 0)),
+                                   ("sem", libc.semget(KEY, 0, 0)), ("mq", rt.mq_open(b"/acct", 0)))
+            if got >= 0]
+def make():
+    return [what for what, got in (("shm", libc.shmget(KEY, 4096, CREAT | 0o600)), ("msg", libc.msgget(KEY, CREAT | 0o600)),
+                                   ("sem", libc.semget(KEY, 1, CREAT | 0o600)), ("mq", rt.mq_open(b"/acct", 0o100 | 2, 0o600, None)))
+            if got >= 0]
+"""
+
+
+def test_no_ipc_object_carries_from_one_test_to_the_next(pool, metered):
+    """Every test tries to find what an earlier test left, then to leave all four kinds; a test that
+    finds one prints a wrong answer. Control: in a plain exec of the same sandbox, one process makes
+    all four and a second one finds them."""
+    attack = IPC + "found = find()\nmade = make()\na, b = map(int, input().split())\n" \
+                   "print(a + b if not found else 'found %s' % found)\n"
+    outcome = score(pool, GenericTask(), [attack], _row(FIVE))[0]
+    assert outcome.status == "passed", outcome.detail
+    if not metered:
+        return  # without a memory cgroup the sandbox refuses IPC objects to every program (memory_mode)
+    control = _exec(pool, "import json, subprocess, sys\n" + IPC + "made = make()\n"
+                    "found = subprocess.run([sys.executable, '-c', " + repr(IPC + "print(find())") + "],"
+                    " capture_output=True, text=True).stdout\nprint(json.dumps([made, found]))\n")
+    made, found = json.loads(control.stdout.strip().splitlines()[-1])
+    assert made == ["shm", "msg", "sem", "mq"] and found.strip() == str(made), control
+
+
+# -- time spent waiting for a CPU --------------------------------------------------------------
+
+STARVED = """
+import os, sys, time
+os.sched_setaffinity(0, {0})
+end = time.process_time() + float(sys.argv[1])
+while time.process_time() < end:
+    pass
+print("done")
+"""
+
+RUNNER = """
+import json, os, subprocess, sys, time
+from trl_sandbox.judge import io_process
+io_process.meter_run_delay = io_process.meter_run_delay if sys.argv[3] == "counted" else (lambda pids: 0.0)
+got = io_process.run(io_process.Cold([sys.executable, "-c", sys.argv[1], sys.argv[2]], dict(os.environ)), os.getcwd(),
+                     b"", 0.5, 0, 1.5, 1 << 16, 1 << 16)
+print(json.dumps({"why": got["why"], "out": got["out"].decode(), "wall": got["wall"], "cpu": got["cpu"]}))
+"""
+
+
+def _judged_next_to_hogs(program: str, arg: str, mode: str) -> dict:
+    """``io_process.run`` (limit 0.5 s, backstop 1.5 s) of ``program`` pinned to CPU 0, where four
+    busy processes (not the program's) share that CPU with it for as long as it runs."""
+    hog = "import os\nos.sched_setaffinity(0, {0})\nwhile True: pass\n"
+    # A session each: the kernel's autogroups share a CPU between sessions first.
+    hogs = [subprocess.Popen([sys.executable, "-c", hog], start_new_session=True) for _ in range(4)]
+    try:
+        out = subprocess.run([sys.executable, "-c", RUNNER, program, arg, mode], capture_output=True, text=True,
+                             timeout=60, check=True).stdout
+    finally:
+        for proc in hogs:
+            proc.kill()
+            proc.wait()
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_time_spent_waiting_for_a_cpu_is_not_the_programs():
+    """0.4 s of CPU (80% of the limit) takes about 2 s of wall time next to four busy processes
+    on its CPU, past the backstop (1.5 s): it passes, because the wait is not counted; the control
+    that counts the wait is a time limit; a program that sleeps still ends at the backstop."""
+    counted = _judged_next_to_hogs(STARVED, "0.4", "counted")
+    assert counted["why"] is None and counted["out"] == "done\n", counted
+    assert counted["wall"] > 1.5, counted  # the load was real: a 0.4 s program took this long
+    ignored = _judged_next_to_hogs(STARVED, "0.4", "ignored")
+    assert ignored["why"] == "TLE" and ignored["out"] == "", ignored
+    sleeper = _judged_next_to_hogs("import time\ntime.sleep(30)", "x", "counted")
+    assert sleeper["why"] == "TLE" and sleeper["wall"] < 10, sleeper
