@@ -11,7 +11,7 @@ import zlib
 import pytest
 
 from trl_sandbox import ConfigError
-from trl_sandbox.judge.io_runner import same_output
+from trl_sandbox.judge.io_compare import same_output
 from trl_sandbox.judge.languages import Language, LanguageTable, check_toolchain, languages
 from trl_sandbox.tasks.generic import GenericTask
 from trl_sandbox.tasks.io import IOTask, program_code
@@ -117,7 +117,7 @@ def test_not_io_rows_are_left_to_the_other_styles():
     (b"1000001", b"1000000", "tokens", False),  # integers compare exactly, whatever the tolerance
     (b"1e6", b"1000001", "tokens", False),      # an integer answer needs that integer, not a float near it
     (b"1000000.5", b"1000000.0", "tokens", True),  # a real answer: within 1e-5 relative
-    (b"+7", b"7", "tokens", True),
+    (b"+7", b"7", "tokens", False),             # ... as its own text (tests/test_io_compare.py)
     (b"3", b"3 4", "tokens", False),            # a prefix of the answer is wrong
     (b"3\n4\n", b"3\n4\n5\n", "lines", False),  # ... in every mode
     (b"3 \n4\n\n", b"3\n4", "lines", True),

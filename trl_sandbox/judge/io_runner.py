@@ -34,57 +34,9 @@ MAX_LATE = 2  # time limits after which a program's remaining tests are not run
 if "run" not in globals():
     # On the host (tests, linters) the process helpers are a module of their own. Sent to a sandbox,
     # their text runs first (``trl_sandbox.judge.io_verdict``) and has defined these names.
+    from trl_sandbox.judge.io_compare import same_output
     from trl_sandbox.judge.io_process import Cold, guard, kill_all, prctl, remove, run, scratch_entries
     from trl_sandbox.judge.io_warm import WARM_ARGV, Warm, WarmGone
-
-
-def _number(token):
-    try:
-        value = float(token)
-    except ValueError:
-        return None
-    return value if value == value and value not in (float("inf"), float("-inf")) else None
-
-
-def _is_integer(token):
-    return token.lstrip(b"+-").isdigit()
-
-
-def same_tokens(got, want, tolerance):
-    """Whitespace-separated tokens: equal (case-insensitively), or real numbers within ``tolerance``
-    (absolute or relative) where the answer holds a real number. An integer in the answer is matched
-    only by the same integer: ``1e18`` (a float's approximation) is not 1000000000000000003."""
-    a, b = got.split(), want.split()
-    if len(a) != len(b):
-        return False
-    for x, y in zip(a, b):
-        if x == y or x.lower() == y.lower():
-            continue
-        if _is_integer(y):
-            if not (_is_integer(x) and int(x) == int(y)):
-                return False
-            continue
-        p, q = _number(x), _number(y)
-        if p is None or q is None or abs(p - q) > tolerance * max(1.0, abs(q)):
-            return False
-    return True
-
-
-def same_output(got, want, compare):
-    if compare == "exact":
-        return got == want
-    if compare == "lines":
-        a = [line.strip() for line in got.splitlines()]
-        b = [line.strip() for line in want.splitlines()]
-        while a and not a[-1]:
-            a.pop()
-        while b and not b[-1]:
-            b.pop()
-        return a == b
-    tolerance = 1e-5
-    if compare.startswith("float:"):
-        tolerance = float(compare[6:])
-    return same_tokens(got, want, tolerance)
 
 
 def crash_kind(result):

@@ -27,7 +27,8 @@ from trl_sandbox.sandbox import ExecResult, Outcome, Program
 
 # The guard's rules first: the runner puts them on itself (``io_process.guard``).
 IO_SOURCE: str = bare_source("\n".join(Path(__file__).with_name(name).read_text(encoding="utf-8")
-                                       for name in ("guard.py", "io_process.py", "io_warm.py", "io_runner.py")))
+                                       for name in ("guard.py", "io_process.py", "io_warm.py", "io_compare.py",
+                                                    "io_runner.py")))
 # -I without -S: Python programs run in forks of this interpreter, with the site-packages a fresh
 # ``python3 -I main.py`` would have.
 IO_ARGV: tuple[str, ...] = ("python3", "-I", "-c", IO_SOURCE)

@@ -13,9 +13,10 @@ columns:
     (``c++``, ``py3``, ``js``...); a plugin adds more (``trl_sandbox.judge.languages``). Without the
     column, the completion's fence tag (```` ```cpp ````) chooses, else Python.
 ``compare``
-    ``tokens`` (default: whitespace-separated tokens, case-insensitive, real numbers in the answer
-    matched within 1e-5 absolute or relative, an integer in the answer only by that integer), ``lines`` (each line stripped, as many lines), ``exact``,
-    or ``float:TOL`` (tokens, real numbers within TOL).
+    ``tokens`` (default: whitespace-separated tokens, words case-insensitive, real numbers in the
+    answer matched within 1e-5 absolute or relative, an integer in the answer only by its own
+    text: ``trl_sandbox.judge.io_compare``), ``lines`` (each line stripped, as many lines),
+    ``exact``, or ``float:TOL`` (tokens, real numbers within TOL).
 ``checker`` / ``checker_language``
     A program for problems with several right answers, run as ``checker input output answer``
     (testlib's convention: exit 0 accepts, 1 or 2 rejects, anything else is the checker's own
