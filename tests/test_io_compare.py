@@ -1,4 +1,4 @@
-"""The I/O judge's comparison of outputs (``trl_sandbox.judge.io_compare``),
+"""The I/O judge's comparison of outputs and its reading of checkers (``trl_sandbox.judge.io_compare``),
 attacked with what a model being trained could print, each attack next to the right answer that
 passes. The comparison runs in the sandbox's Python, so the attacks run on every Python the judge
 may meet (3.8 and 3.12 where pyenv has them), through the very text the judge sends."""
@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from trl_sandbox.judge.io_compare import same_output
+from trl_sandbox.judge.io_compare import checker_verdict, contract_files, same_output
 from trl_sandbox.judge.io_verdict import IO_SOURCE
 
 # (output, answer, mode, same): every attack sits beside the output that passes.
@@ -123,6 +123,18 @@ def test_comparison_stays_fast_on_large_outputs():
     assert same_output(exact, exact, "tokens") and same_output(printed, reals, "tokens")
     assert not same_output(exact.replace(b" 999999", b" 0999999"), exact, "tokens")
     assert time.perf_counter() - start < 10  # about 0.5 s unloaded
+
+
+def test_each_checker_contract_gives_its_files_in_its_order_and_reads_its_verdict():
+    assert contract_files("testlib", b"i", b"o", b"a") == [("input.txt", b"i"), ("output.txt", b"o"), ("answer.txt", b"a")]
+    assert contract_files("open-r1", b"i", b"o", b"a") == [("input.txt", b"i"), ("correct_output.txt", b"a"),
+                                                           ("solution_output.txt", b"o")]
+    testlib = [(0, b""), (1, b""), (2, b""), (3, b""), (7, b""), (None, b"")]
+    assert [checker_verdict("testlib", *r) for r in testlib] == ["AC", "WA", "WA", None, None, None]
+    # open-r1's checkers exit 0 whatever they decide: read as testlib's, every output would pass.
+    open_r1 = [(0, b"1\n"), (0, b"0\n"), (0, b""), (0, b"1 1"), (0, b"yes"), (1, b"1"), (None, b"1")]
+    assert [checker_verdict("open-r1", *r) for r in open_r1] == ["AC", "WA", None, None, None, None, None]
+    assert checker_verdict("testlib", 0, b"0\n") == "AC"  # the attack's means: the wrong contract accepts a "0"
 
 
 _PROBE = """

@@ -68,6 +68,18 @@ def test_limits_and_language_come_from_the_layout():
     assert (task.language.name, task.time_limit, task.memory_mb, task.compare) == ("cpp", 0.5, 32, "float:1e-3")
 
 
+def test_each_layout_runs_its_checker_under_its_own_contract():
+    """open-r1's generated checkers take (input, correct output, solution output) and print 1 or 0;
+    ours take testlib's (input, output, answer) and exit 0 to accept, unless the row says otherwise."""
+    checker = "print(1)"
+    assert io_task_of({**ROWS["codeforces"], "generated_checker": checker}).checker_contract == "open-r1"
+    assert io_task_of(ROWS["codeforces"]).checker is None
+    assert io_task_of({**ROWS["io"], "checker": checker}).checker_contract == "testlib"
+    assert io_task_of({**ROWS["io"], "checker": checker, "checker_contract": "open-r1"}).checker_contract == "open-r1"
+    with pytest.raises(ConfigError, match="checker_contract='exit-code'"):
+        io_task_of({**ROWS["io"], "checker": checker, "checker_contract": "exit-code"})
+
+
 def test_broken_rows_are_config_errors_never_passes():
     with pytest.raises(ConfigError, match="no expected output"):
         io_task_of({"task_id": "x", "tests": [{"input": "1\n"}]})

@@ -1,4 +1,4 @@
-"""How the I/O judge compares a program's output with a test's answer.
+"""How the I/O judge compares a program's output with a test's answer, and reads a checker's verdict.
 
 Standard library only, Python 3.8+; sent into the sandbox with the runner's text
 (``trl_sandbox.judge.io_verdict``). Everything here works on bytes, which is what a program prints:
@@ -18,6 +18,17 @@ import re
 INTEGER = re.compile(rb"[+-]?[0-9]+\Z")
 REAL = re.compile(rb"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\Z")
 DEFAULT_TOLERANCE = 1e-5
+
+# A checker's convention: the files it is given, in the order of its arguments (each the test's
+# input, the program's output or the test's answer), and how it says yes or no (``checker_verdict``).
+CHECKER_CONTRACTS = {
+    # testlib (Codeforces' own checkers): ``checker input output answer``; exit 0 accepts, 1 or 2 rejects.
+    "testlib": (("input.txt", "input"), ("output.txt", "output"), ("answer.txt", "answer")),
+    # open-r1's Codeforces harness: ``checker.py input correct_output solution_output``; it prints
+    # ``1`` (accepts) or ``0`` (rejects) and exits 0.
+    "open-r1": (("input.txt", "input"), ("correct_output.txt", "answer"), ("solution_output.txt", "output")),
+}
+
 
 def _real(token):
     """The finite value of a plain decimal ``token``, else None (a huge exponent is no number)."""
@@ -76,3 +87,20 @@ def same_output(got, want, compare):
         return same_lines(got, want)
     tolerance = float(compare[6:]) if compare.startswith("float:") else DEFAULT_TOLERANCE
     return same_tokens(got, want, tolerance)
+
+
+def contract_files(contract, test_input, output, answer):
+    """The checker's files, in the order of its arguments under ``contract``."""
+    data = {"input": test_input, "output": output, "answer": answer}
+    return [(name, data[role]) for name, role in CHECKER_CONTRACTS[contract]]
+
+
+def checker_verdict(contract, exit_code, stdout):
+    """``AC`` or ``WA`` from a checker run that ended with ``exit_code`` (None: killed, timed out or
+    flooded) and printed ``stdout``; None when the checker failed instead of deciding."""
+    if exit_code is None:
+        return None
+    if contract == "open-r1":
+        said = stdout.strip() if exit_code == 0 else None
+        return "AC" if said == b"1" else "WA" if said == b"0" else None
+    return "AC" if exit_code == 0 else "WA" if exit_code in (1, 2) else None

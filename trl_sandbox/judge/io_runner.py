@@ -34,7 +34,7 @@ MAX_LATE = 2  # time limits after which a program's remaining tests are not run
 if "run" not in globals():
     # On the host (tests, linters) the process helpers are a module of their own. Sent to a sandbox,
     # their text runs first (``trl_sandbox.judge.io_verdict``) and has defined these names.
-    from trl_sandbox.judge.io_compare import same_output
+    from trl_sandbox.judge.io_compare import checker_verdict, contract_files, same_output
     from trl_sandbox.judge.io_process import Cold, guard, kill_all, prctl, remove, run, scratch_entries
     from trl_sandbox.judge.io_warm import WARM_ARGV, Warm, WarmGone
 
@@ -176,25 +176,28 @@ class Runner:
             return {**verdict, "v": "AC" if ok else "WA", "detail": "" if ok else "wrong answer"}
         return {**verdict, **self.check(index, test, got["out"], want, checker_files)}
 
-    def check(self, index, test, out, want, checker_files):
-        """The dataset's checker (testlib's convention: ``checker input output answer``; exit 0
-        accepts, 1 or 2 rejects, anything else is the checker's own failure). It runs after every
-        process of the test is dead, so the answer file is never within the program's reach."""
-        files = list(checker_files) + [("input.txt", test["input"].encode("utf-8", "surrogateescape"), 0o600),
-                                       ("output.txt", out, 0o600), ("answer.txt", want, 0o600)]
+    def check(self, index, test, out, want, checker):
+        """The dataset's checker, run under its contract (``io_compare.CHECKER_CONTRACTS``: which
+        file is which argument, and how it says yes or no). It runs after every process of the test
+        is dead, so the answer file is never within the program's reach."""
+        contract = self.p["checker"].get("contract") or "testlib"
+        named = contract_files(contract, test["input"].encode("utf-8", "surrogateescape"), out, want)
+        files = list(checker) + [(name, data, 0o600) for name, data in named]
         limit = checker_limit(float(test.get("time_limit") or self.p["time_limit"]))
-        got = self.contained(self.p["checker"]["run"] + ["input.txt", "output.txt", "answer.txt"], files, b"", limit,
+        got = self.contained(self.p["checker"]["run"] + [name for name, _ in named], files, b"", limit,
                              0, 2 * limit + 1, 64 << 10, self.p["checker"].get("env"))
-        code = got["status"] >> 8 if os.WIFEXITED(got["status"]) and not got["why"] else -1
-        if code == 0:
+        code = got["status"] >> 8 if os.WIFEXITED(got["status"]) and not got["why"] else None
+        verdict = checker_verdict(contract, code, got["out"])
+        if verdict == "AC":
             return {"v": "AC", "detail": ""}
-        if code in (1, 2):
+        if verdict == "WA":
             return {"v": "WA", "detail": f"the checker rejected it: {short(got['out'] + got['err'], 200)}"}
-        if out != want and self.check(index, test, want, want, checker_files)["v"] == "AC":
+        failure = got["why"] or ("a signal" if code is None else f"exit status {code}" if code else "no verdict")
+        if out != want and self.check(index, test, want, want, checker)["v"] == "AC":
             # The checker broke on this output only (a crash, a hang): the output's fault, not the task's.
-            return {"v": "WA", "detail": f"the checker failed on this output ({got['why'] or code})"}
+            return {"v": "WA", "detail": f"the checker failed on this output ({failure})"}
         raise CheckerBroken(f"the checker failed on test {index + 1} with the expected answer as the output "
-                            f"({got['why'] or code}): {short(got['out'] + got['err'], 300)}")
+                            f"({failure}): {short(got['out'] + got['err'], 300)}")
 
 
 class CheckerBroken(Exception):

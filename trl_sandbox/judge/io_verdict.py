@@ -48,12 +48,14 @@ def build_io_program(
     compile_time: float = 10.0,
     compile_memory_mb: int = 1024,
     checker: tuple[Language, str] | None = None,
+    checker_contract: str = "testlib",
     stop_on_fail: bool = False,
     warm: bool = True,
     total_time_limit: float = 60.0,
 ) -> Program:
     """The judged program for ``source``. ``tests`` are ``{input, output}`` (optionally with their
-    own ``time_limit`` and ``memory_mb``); the expected outputs travel to the runner only."""
+    own ``time_limit`` and ``memory_mb``); the expected outputs travel to the runner only. A
+    ``checker`` runs under ``checker_contract`` (``io_compare.CHECKER_CONTRACTS``)."""
     cases = [{"input": str(t["input"]), "output": str(t["output"]),
               **({"time_limit": float(t["time_limit"])} if t.get("time_limit") else {}),
               **({"memory_mb": int(t["memory_mb"])} if t.get("memory_mb") else {})} for t in tests]
@@ -68,7 +70,8 @@ def build_io_program(
     budget = compile_time + min(sum(limits), total_time_limit + 2 * max(limits, default=0)) + MARGIN_S
     if checker is not None:
         checker_language, checker_source = checker
-        payload["checker"] = {**checker_language.payload(checker_source), "source": checker_source}
+        payload["checker"] = {**checker_language.payload(checker_source), "source": checker_source,
+                              "contract": checker_contract}
         # Per test, a checker run and (when it fails) a second one on the expected answer.
         budget += compile_time + sum(2 * max(2.0, 2 * float(t.get("time_limit") or time_limit)) for t in tests)
     # Two frames: the runner forks the warm interpreter after the first and before the tests.
@@ -107,3 +110,4 @@ def io_outcome(result: ExecResult, nonce: bytes | None, total: int) -> Outcome:
         index = verdict.tests.index(first) + 1
         detail += f"; test {index}: {first.get('v')} {str(first.get('detail') or '')}".rstrip()
     return Outcome(status, passed=sum(passes), total=total, detail=detail[:500], tests=passes)
+
