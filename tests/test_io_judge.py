@@ -295,6 +295,25 @@ def test_every_language_is_judged_or_reported_missing_never_scored_wrong(pool):
             assert good.status == bad.status == "infra" and "not installed" in good.detail, (name, good.detail)
 
 
+def test_a_language_the_fence_chose_without_its_toolchain_is_the_programs_error(pool, monkeypatch):
+    """The model chose the language: a program the sandbox cannot build is its failure (scored like a
+    compile error), never ``None``; for a language the row declares the task cannot be judged here."""
+    from trl_sandbox.judge.languages import Language, languages
+
+    table = languages()
+    monkeypatch.setattr(table, "_by_name", dict(table._by_name))
+    monkeypatch.setattr(table, "_alias", dict(table._alias))
+    table.register(Language("pascal", "main.pas", ("./main",), ("trl-sandbox-no-fpc", "main.pas"),
+                            toolchain=("trl-sandbox-no-fpc",), package="fp-compiler"))
+    pascal = "```pascal\nbegin writeln(3) end.\n```"
+    chosen, declared, control = score(pool, GenericTask(), [pascal, pascal, f"```cpp\n{SUM_CPP}```"],
+                                      [_row(SUM_TESTS[:2]), _row(SUM_TESTS[:2], language="pascal"), _row(SUM_TESTS[:2])])
+    assert chosen.status == "error" and chosen.tests == (False, False), chosen.detail
+    assert chosen.detail.startswith("CE: the completion's fence chose pascal") and "not installed" in chosen.detail
+    assert declared.status == "infra" and "not installed" in declared.detail
+    assert control.status == "passed", control.detail  # positive control: the fence does choose the language
+
+
 MEMORY_SCAN = textwrap.dedent("""
     import ctypes, gc, sys
     ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # dumpable again: its own /proc/self/mem is readable

@@ -129,7 +129,8 @@ class Runner:
         missing = [argv[0] for argv in (lang.get("compile"), lang["run"]) if argv and not self.found(argv[0], where)]
         if missing:  # decided before the program's text is anywhere near a process
             remove(where)
-            return None, {"ok": False, "kind": "toolchain", "message": f"{missing[0]} is not installed in the sandbox"}
+            return None, {"ok": False, "kind": "toolchain", "language": lang.get("name"),
+                          "message": f"{missing[0]} is not installed in the sandbox"}
         try:
             if lang.get("compile"):
                 limit = float(self.p.get("compile_time") or 10.0)

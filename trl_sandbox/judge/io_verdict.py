@@ -9,7 +9,9 @@ whether the program compiled (``CE``) or the sandbox lacks the toolchain (``tool
 The outcome follows the function judge's rule: every test passed is ``passed``; a compile error,
 a runtime error or a memory limit anywhere is ``error``; a time limit anywhere is ``timeout``;
 otherwise wrong answers are ``failed``. ``passed``/``total`` count tests whatever the status, and
-the detail names the kinds with their counts (``WA 2, TLE 1``), then the first failure.
+the detail names the kinds with their counts (``WA 2, TLE 1``), then the first failure. A missing
+toolchain is ``infra`` for the language a row declares, and the program's ``error`` for one its
+completion's fence chose (``missing_toolchain``).
 """
 
 from __future__ import annotations
@@ -80,15 +82,16 @@ def build_io_program(
     return Program(argv=IO_ARGV, stdin=stdin, timeout=budget, nonce_on_stdin=True)
 
 
-def io_outcome(result: ExecResult, nonce: bytes | None, total: int) -> Outcome:
-    """Score one execution of the I/O judge (see the module docstring)."""
+def io_outcome(result: ExecResult, nonce: bytes | None, total: int, *, fence_chosen: bool = False) -> Outcome:
+    """Score one execution of the I/O judge (see the module docstring). ``fence_chosen``: the
+    completion's fence chose the language (the row declares none)."""
     verdict = verdict_of(result, nonce, total)
     if isinstance(verdict, Outcome):
         return verdict
     if not verdict.loaded:
         load = verdict.load
         if load.get("kind") == "toolchain":
-            return Outcome("infra", total=total, detail=f"the sandbox lacks the toolchain: {load.get('message', '')}"[:500])
+            return missing_toolchain(load, total, fence_chosen)
         if load.get("kind") == "infra":
             return Outcome("infra", total=total, detail=str(load.get("message", ""))[:500])
         return Outcome("error", total=total, detail=f"CE: {load.get('message', '')}"[:500], tests=(False,) * total)
@@ -111,3 +114,16 @@ def io_outcome(result: ExecResult, nonce: bytes | None, total: int) -> Outcome:
         detail += f"; test {index}: {first.get('v')} {str(first.get('detail') or '')}".rstrip()
     return Outcome(status, passed=sum(passes), total=total, detail=detail[:500], tests=passes)
 
+
+def missing_toolchain(load: Mapping[str, Any], total: int, fence_chosen: bool) -> Outcome:
+    """The sandbox lacks the toolchain of the program's language. For a language the row declares,
+    the task cannot be judged here (``infra``; the local sandbox refuses such a dataset before
+    training). For a language the completion's fence chose, the model chose what cannot run: its
+    program's failure, scored like a compile error, else writing in a missing language would be a
+    way to turn a wrong answer into ``None``."""
+    message = str(load.get("message", ""))
+    if not fence_chosen:
+        return Outcome("infra", total=total, detail=f"the sandbox lacks the toolchain: {message}"[:500])
+    return Outcome("error", total=total, tests=(False,) * total,
+                   detail=f"CE: the completion's fence chose {load.get('language') or 'a language'}, whose "
+                          f"toolchain the sandbox lacks: {message}"[:500])

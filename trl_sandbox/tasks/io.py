@@ -11,7 +11,8 @@ columns:
 ``language``
     ``python`` (default), ``cpp``, ``c``, ``java``, ``rust``, ``go``, ``javascript`` or an alias
     (``c++``, ``py3``, ``js``...); a plugin adds more (``trl_sandbox.judge.languages``). Without the
-    column, the completion's fence tag (```` ```cpp ````) chooses, else Python.
+    column, the completion's fence tag (```` ```cpp ````) chooses, else Python; the sandbox lacking
+    the toolchain of a language the fence chose is then the program's error, not ``infra``.
 ``compare``
     ``tokens`` (default: whitespace-separated tokens, words case-insensitive, real numbers in the
     answer matched within 1e-5 absolute or relative, an integer in the answer only by its own
@@ -205,4 +206,6 @@ def build_io(task: IOTask, completion: Any) -> Program | Outcome:
 
 
 def score_io(task: IOTask, result: ExecResult, nonce: bytes | None) -> Outcome:
-    return io_outcome(result, nonce, task.total)
+    """The outcome of ``task``'s judged program. Without a ``language`` column the completion's
+    fence chose the language, so a toolchain the sandbox lacks is the program's failure."""
+    return io_outcome(result, nonce, task.total, fence_chosen=task.language is None)
