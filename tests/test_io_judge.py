@@ -211,14 +211,47 @@ def test_a_checker_accepts_any_right_answer_and_its_failures_are_not_the_program
     """)
     tests = [{"input": "10\n", "output": "5 5\n"}, {"input": "7\n", "output": "3 4\n"}]
     row = _row(tests, checker=checker, time_limit=0.5)  # a checker gets twice the test's CPU, at least 2 s
-    other, wrong, garbage, hang = score(pool, GenericTask(), ["n = int(input())\nprint(1, n - 1)", "print(1, 1)",
-                                                              "print('x y')", "print('hang')"], row)
+    other, wrong, garbage, hang, empty = score(pool, GenericTask(), ["n = int(input())\nprint(1, n - 1)", "print(1, 1)",
+                                                                     "print('x y')", "print('hang')", "pass"], row)
     assert other.status == "passed", other.detail
     assert wrong.status == "failed" and "checker rejected" in wrong.detail
     # A checker that crashes or hangs on a program's output is that output's failure, never infra.
     assert garbage.status == "failed" and hang.status == "failed", (garbage.detail, hang.detail)
+    assert empty.status == "failed" and empty.passed == 0, empty.detail  # nothing printed: nothing accepted
     broken = _one(pool, "print(5, 5)", _row(tests, checker="import sys\nsys.exit(3)"))
     assert broken.status == "infra" and "checker" in broken.detail  # the task itself is broken
+
+
+# open-r1's generated checkers, as the dataset has them: ``checker.py input correct_output
+# solution_output``, the verdict printed (1 or 0), exit status 0 either way.
+OPEN_R1_CHECKER = textwrap.dedent("""
+    import sys
+    n = int(open(sys.argv[1]).read())
+    correct = open(sys.argv[2]).read().split()
+    got = open(sys.argv[3]).read().split()
+    if got == ['crash']:
+        raise SystemExit(open('/nonexistent').read())
+    ok = len(got) == 2 and all(t.lstrip('-').isdigit() for t in got) and int(got[0]) + int(got[1]) == n
+    print(1 if ok and len(correct) == 2 else 0)
+""")
+
+
+def test_open_r1_checkers_run_under_their_own_contract(pool):
+    tests = [{"input": "10\n", "output": "5 5\n"}, {"input": "7\n", "output": "3 4\n"}]
+    row = {"task_id": "cf", "official_tests": tests, "generated_checker": OPEN_R1_CHECKER, "input_mode": "stdio",
+           "time_limit": 1, "memory_limit": 256}
+    programs = ["n = int(input())\nprint(1, n - 1)", "n = int(input())\nprint(n // 2, n - n // 2)", "print(1, 1)",
+                "pass", "print(1)", "print('crash')"]
+    other, expected, wrong, empty, one, crash = score(pool, GenericTask(), programs, row)
+    assert (other.status, expected.status) == ("passed", "passed"), (other.detail, expected.detail)
+    assert wrong.status == "failed" and "checker rejected" in wrong.detail
+    # Nothing printed, the checker's own "1" printed, the checker made to crash: all wrong answers.
+    assert (empty.status, one.status, crash.status) == ("failed",) * 3, (empty.detail, one.detail, crash.detail)
+    assert empty.passed == one.passed == crash.passed == 0
+    assert "failed on this output" in crash.detail
+    # The attack's means: the same checker read as testlib's (exit 0 accepts) passes the empty output.
+    testlib = {"task_id": "cf", "tests": tests, "checker": OPEN_R1_CHECKER, "checker_contract": "testlib"}
+    assert _one(pool, "pass", testlib).status == "passed"
 
 
 SUM_IN = {
@@ -260,6 +293,25 @@ def test_every_language_is_judged_or_reported_missing_never_scored_wrong(pool):
             assert (good.status, bad.status) == ("passed", "failed"), (name, good.detail, bad.detail)
         else:
             assert good.status == bad.status == "infra" and "not installed" in good.detail, (name, good.detail)
+
+
+def test_a_language_the_fence_chose_without_its_toolchain_is_the_programs_error(pool, monkeypatch):
+    """The model chose the language: a program the sandbox cannot build is its failure (scored like a
+    compile error), never ``None``; for a language the row declares the task cannot be judged here."""
+    from trl_sandbox.judge.languages import Language, languages
+
+    table = languages()
+    monkeypatch.setattr(table, "_by_name", dict(table._by_name))
+    monkeypatch.setattr(table, "_alias", dict(table._alias))
+    table.register(Language("pascal", "main.pas", ("./main",), ("trl-sandbox-no-fpc", "main.pas"),
+                            toolchain=("trl-sandbox-no-fpc",), package="fp-compiler"))
+    pascal = "```pascal\nbegin writeln(3) end.\n```"
+    chosen, declared, control = score(pool, GenericTask(), [pascal, pascal, f"```cpp\n{SUM_CPP}```"],
+                                      [_row(SUM_TESTS[:2]), _row(SUM_TESTS[:2], language="pascal"), _row(SUM_TESTS[:2])])
+    assert chosen.status == "error" and chosen.tests == (False, False), chosen.detail
+    assert chosen.detail.startswith("CE: the completion's fence chose pascal") and "not installed" in chosen.detail
+    assert declared.status == "infra" and "not installed" in declared.detail
+    assert control.status == "passed", control.detail  # positive control: the fence does choose the language
 
 
 MEMORY_SCAN = textwrap.dedent("""

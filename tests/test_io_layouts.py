@@ -11,7 +11,7 @@ import zlib
 import pytest
 
 from trl_sandbox import ConfigError
-from trl_sandbox.judge.io_runner import same_output
+from trl_sandbox.judge.io_compare import same_output
 from trl_sandbox.judge.languages import Language, LanguageTable, check_toolchain, languages
 from trl_sandbox.tasks.generic import GenericTask
 from trl_sandbox.tasks.io import IOTask, program_code
@@ -68,6 +68,18 @@ def test_limits_and_language_come_from_the_layout():
     assert (task.language.name, task.time_limit, task.memory_mb, task.compare) == ("cpp", 0.5, 32, "float:1e-3")
 
 
+def test_each_layout_runs_its_checker_under_its_own_contract():
+    """open-r1's generated checkers take (input, correct output, solution output) and print 1 or 0;
+    ours take testlib's (input, output, answer) and exit 0 to accept, unless the row says otherwise."""
+    checker = "print(1)"
+    assert io_task_of({**ROWS["codeforces"], "generated_checker": checker}).checker_contract == "open-r1"
+    assert io_task_of(ROWS["codeforces"]).checker is None
+    assert io_task_of({**ROWS["io"], "checker": checker}).checker_contract == "testlib"
+    assert io_task_of({**ROWS["io"], "checker": checker, "checker_contract": "open-r1"}).checker_contract == "open-r1"
+    with pytest.raises(ConfigError, match="checker_contract='exit-code'"):
+        io_task_of({**ROWS["io"], "checker": checker, "checker_contract": "exit-code"})
+
+
 def test_broken_rows_are_config_errors_never_passes():
     with pytest.raises(ConfigError, match="no expected output"):
         io_task_of({"task_id": "x", "tests": [{"input": "1\n"}]})
@@ -117,7 +129,7 @@ def test_not_io_rows_are_left_to_the_other_styles():
     (b"1000001", b"1000000", "tokens", False),  # integers compare exactly, whatever the tolerance
     (b"1e6", b"1000001", "tokens", False),      # an integer answer needs that integer, not a float near it
     (b"1000000.5", b"1000000.0", "tokens", True),  # a real answer: within 1e-5 relative
-    (b"+7", b"7", "tokens", True),
+    (b"+7", b"7", "tokens", False),             # ... as its own text (tests/test_io_compare.py)
     (b"3", b"3 4", "tokens", False),            # a prefix of the answer is wrong
     (b"3\n4\n", b"3\n4\n5\n", "lines", False),  # ... in every mode
     (b"3 \n4\n\n", b"3\n4", "lines", True),

@@ -37,57 +37,9 @@ RUNTIME_MB = 64
 if "run" not in globals():
     # On the host (tests, linters) the process helpers are a module of their own. Sent to a sandbox,
     # their text runs first (``trl_sandbox.judge.io_verdict``) and has defined these names.
+    from trl_sandbox.judge.io_compare import checker_verdict, contract_files, same_output
     from trl_sandbox.judge.io_process import Cold, guard, kill_all, prctl, remove, run, scratch_entries
     from trl_sandbox.judge.io_warm import WARM_ARGV, Warm, WarmGone
-
-
-def _number(token):
-    try:
-        value = float(token)
-    except ValueError:
-        return None
-    return value if value == value and value not in (float("inf"), float("-inf")) else None
-
-
-def _is_integer(token):
-    return token.lstrip(b"+-").isdigit()
-
-
-def same_tokens(got, want, tolerance):
-    """Whitespace-separated tokens: equal (case-insensitively), or real numbers within ``tolerance``
-    (absolute or relative) where the answer holds a real number. An integer in the answer is matched
-    only by the same integer: ``1e18`` (a float's approximation) is not 1000000000000000003."""
-    a, b = got.split(), want.split()
-    if len(a) != len(b):
-        return False
-    for x, y in zip(a, b):
-        if x == y or x.lower() == y.lower():
-            continue
-        if _is_integer(y):
-            if not (_is_integer(x) and int(x) == int(y)):
-                return False
-            continue
-        p, q = _number(x), _number(y)
-        if p is None or q is None or abs(p - q) > tolerance * max(1.0, abs(q)):
-            return False
-    return True
-
-
-def same_output(got, want, compare):
-    if compare == "exact":
-        return got == want
-    if compare == "lines":
-        a = [line.strip() for line in got.splitlines()]
-        b = [line.strip() for line in want.splitlines()]
-        while a and not a[-1]:
-            a.pop()
-        while b and not b[-1]:
-            b.pop()
-        return a == b
-    tolerance = 1e-5
-    if compare.startswith("float:"):
-        tolerance = float(compare[6:])
-    return same_tokens(got, want, tolerance)
 
 
 def crash_kind(result):
@@ -180,7 +132,8 @@ class Runner:
         missing = [argv[0] for argv in (lang.get("compile"), lang["run"]) if argv and not self.found(argv[0], where)]
         if missing:  # decided before the program's text is anywhere near a process
             remove(where)
-            return None, {"ok": False, "kind": "toolchain", "message": f"{missing[0]} is not installed in the sandbox"}
+            return None, {"ok": False, "kind": "toolchain", "language": lang.get("name"),
+                          "message": f"{missing[0]} is not installed in the sandbox"}
         try:
             if lang.get("compile"):
                 limit = float(self.p.get("compile_time") or 10.0)
@@ -232,25 +185,28 @@ class Runner:
             return {**verdict, "v": "AC" if ok else "WA", "detail": "" if ok else "wrong answer"}
         return {**verdict, **self.check(index, test, got["out"], want, checker_files)}
 
-    def check(self, index, test, out, want, checker_files):
-        """The dataset's checker (testlib's convention: ``checker input output answer``; exit 0
-        accepts, 1 or 2 rejects, anything else is the checker's own failure). It runs after every
-        process of the test is dead, so the answer file is never within the program's reach."""
-        files = list(checker_files) + [("input.txt", test["input"].encode("utf-8", "surrogateescape"), 0o600),
-                                       ("output.txt", out, 0o600), ("answer.txt", want, 0o600)]
+    def check(self, index, test, out, want, checker):
+        """The dataset's checker, run under its contract (``io_compare.CHECKER_CONTRACTS``: which
+        file is which argument, and how it says yes or no). It runs after every process of the test
+        is dead, so the answer file is never within the program's reach."""
+        contract = self.p["checker"].get("contract") or "testlib"
+        named = contract_files(contract, test["input"].encode("utf-8", "surrogateescape"), out, want)
+        files = list(checker) + [(name, data, 0o600) for name, data in named]
         limit = checker_limit(float(test.get("time_limit") or self.p["time_limit"]))
-        got = self.contained(self.p["checker"]["run"] + ["input.txt", "output.txt", "answer.txt"], files, b"", limit,
+        got = self.contained(self.p["checker"]["run"] + [name for name, _ in named], files, b"", limit,
                              0, 2 * limit + 1, 64 << 10, self.p["checker"].get("env"))
-        code = got["status"] >> 8 if os.WIFEXITED(got["status"]) and not got["why"] else -1
-        if code == 0:
+        code = got["status"] >> 8 if os.WIFEXITED(got["status"]) and not got["why"] else None
+        verdict = checker_verdict(contract, code, got["out"])
+        if verdict == "AC":
             return {"v": "AC", "detail": ""}
-        if code in (1, 2):
+        if verdict == "WA":
             return {"v": "WA", "detail": f"the checker rejected it: {short(got['out'] + got['err'], 200)}"}
-        if out != want and self.check(index, test, want, want, checker_files)["v"] == "AC":
+        failure = got["why"] or ("a signal" if code is None else f"exit status {code}" if code else "no verdict")
+        if out != want and self.check(index, test, want, want, checker)["v"] == "AC":
             # The checker broke on this output only (a crash, a hang): the output's fault, not the task's.
-            return {"v": "WA", "detail": f"the checker failed on this output ({got['why'] or code})"}
+            return {"v": "WA", "detail": f"the checker failed on this output ({failure})"}
         raise CheckerBroken(f"the checker failed on test {index + 1} with the expected answer as the output "
-                            f"({got['why'] or code}): {short(got['out'] + got['err'], 300)}")
+                            f"({failure}): {short(got['out'] + got['err'], 300)}")
 
 
 class CheckerBroken(Exception):

@@ -11,15 +11,19 @@ columns:
 ``language``
     ``python`` (default), ``cpp``, ``c``, ``java``, ``rust``, ``go``, ``javascript`` or an alias
     (``c++``, ``py3``, ``js``...); a plugin adds more (``trl_sandbox.judge.languages``). Without the
-    column, the completion's fence tag (```` ```cpp ````) chooses, else Python.
+    column, the completion's fence tag (```` ```cpp ````) chooses, else Python; the sandbox lacking
+    the toolchain of a language the fence chose is then the program's error, not ``infra``.
 ``compare``
-    ``tokens`` (default: whitespace-separated tokens, case-insensitive, real numbers in the answer
-    matched within 1e-5 absolute or relative, an integer in the answer only by that integer), ``lines`` (each line stripped, as many lines), ``exact``,
-    or ``float:TOL`` (tokens, real numbers within TOL).
-``checker`` / ``checker_language``
-    A program for problems with several right answers, run as ``checker input output answer``
-    (testlib's convention: exit 0 accepts, 1 or 2 rejects, anything else is the checker's own
-    failure, scored ``infra``). Python by default.
+    ``tokens`` (default: whitespace-separated tokens, words case-insensitive, real numbers in the
+    answer matched within 1e-5 absolute or relative, an integer in the answer only by its own
+    text: ``trl_sandbox.judge.io_compare``), ``lines`` (each line stripped, as many lines),
+    ``exact``, or ``float:TOL`` (tokens, real numbers within TOL).
+``checker`` / ``checker_language`` / ``checker_contract``
+    A program for problems with several right answers (Python by default), run under a contract:
+    ``testlib`` (default: ``checker input output answer``; exit 0 accepts, 1 or 2 rejects) or
+    ``open-r1`` (open-r1's Codeforces checkers: ``checker input correct_output solution_output``;
+    ``1`` on stdout accepts, ``0`` rejects). Anything else is the checker's own failure: the
+    output's ``WA`` where the checker accepts the expected answer, else ``infra``.
 ``time_limit`` (CPU seconds per test, default 2), ``memory_limit`` (MB per test, default 256),
 ``stop_at_first_failure`` (bool, default false: every test runs, for partial credit),
 ``total_time_limit`` (CPU seconds for all of a program's tests, default 60; after it, or after two
@@ -36,6 +40,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from trl_sandbox.judge.io_compare import CHECKER_CONTRACTS
 from trl_sandbox.judge.io_verdict import build_io_program, io_outcome
 from trl_sandbox.judge.languages import Language, languages
 from trl_sandbox.sandbox import ConfigError, ExecResult, Outcome, Program
@@ -59,6 +64,7 @@ class IOTask:
     memory_mb: int = DEFAULT_MEMORY_MB
     compile_time: float = DEFAULT_COMPILE_TIME
     checker: tuple[Language, str] | None = None
+    checker_contract: str = "testlib"
     stop_on_fail: bool = False
     extract: str = "auto"
     total_time_limit: float = 60.0
@@ -79,6 +85,15 @@ def check_compare(mode: str) -> str:
         except ValueError:
             pass
     raise ConfigError(f"compare={mode!r}: use one of {', '.join(COMPARE_MODES)} (e.g. float:1e-6)")
+
+
+def check_contract(value: Any, task_id: str) -> str:
+    """A checker contract the judge knows (``io_compare.CHECKER_CONTRACTS``): a checker read under
+    the wrong one can accept anything (open-r1's checkers exit 0 also when they print ``0``)."""
+    contract = str(value or "testlib").strip().lower()
+    if contract not in CHECKER_CONTRACTS:
+        raise ConfigError(f"row {task_id!r}: checker_contract={value!r}: use one of {', '.join(CHECKER_CONTRACTS)}")
+    return contract
 
 
 def _number(row: Mapping[str, Any], column: str, default: float) -> float:
@@ -145,6 +160,8 @@ def io_task(row: Mapping[str, Any], tests: Sequence[tuple[str, str]] | None = No
         memory_mb=int(_number({"memory_limit": memory}, "memory_limit", DEFAULT_MEMORY_MB)),
         compile_time=_number(row, "compile_time_limit", DEFAULT_COMPILE_TIME),
         checker=checker,
+        checker_contract=check_contract(row.get("checker_contract") or (None if row.get("checker") else
+                                                                         defaults.get("checker_contract")), task_id),
         stop_on_fail=bool(row.get("stop_at_first_failure") or False),
         extract=extract,
         total_time_limit=_number(row, "total_time_limit", 60.0),
@@ -183,9 +200,12 @@ def build_io(task: IOTask, completion: Any) -> Program | Outcome:
     return build_io_program(
         language, code, [{"input": i, "output": o} for i, o in task.tests], compare=task.compare,
         time_limit=task.time_limit, memory_mb=task.memory_mb, compile_time=task.compile_time,
-        checker=task.checker, stop_on_fail=task.stop_on_fail, total_time_limit=task.total_time_limit,
+        checker=task.checker, checker_contract=task.checker_contract, stop_on_fail=task.stop_on_fail,
+        total_time_limit=task.total_time_limit,
     )
 
 
 def score_io(task: IOTask, result: ExecResult, nonce: bytes | None) -> Outcome:
-    return io_outcome(result, nonce, task.total)
+    """The outcome of ``task``'s judged program. Without a ``language`` column the completion's
+    fence chose the language, so a toolchain the sandbox lacks is the program's failure."""
+    return io_outcome(result, nonce, task.total, fence_chosen=task.language is None)

@@ -15,7 +15,8 @@ verification_info      ``verification_info``: ``{"language", "test_cases": [{inp
                        (PrimeIntellect's verifiable-coding-problems and SYNTHETIC-1)
 DeepCoder              ``tests``: a list of ``{input, output, testtype}``, or ``{"inputs", "outputs"}``
 open-r1 Codeforces     ``official_tests`` (list of ``{input, output}``), ``time_limit`` (s),
-                       ``memory_limit`` (MB), ``generated_checker`` (Python), ``input_mode``
+                       ``memory_limit`` (MB), ``generated_checker`` (Python, run under open-r1's
+                       contract), ``input_mode``
 =====================  ==========================================================================
 
 Rows whose tests call a function instead (APPS's and TACO's ``fn_name``, LiveCodeBench's and
@@ -198,7 +199,9 @@ def tests_and_defaults(row: Mapping[str, Any]) -> tuple[list[Mapping[str, Any]],
         if row.get("memory_limit"):
             defaults["memory_mb"] = int(float(row["memory_limit"]))
         if row.get("generated_checker"):
+            # open-r1's checkers: ``checker.py input correct_output solution_output``, 1 or 0 on stdout.
             defaults["checker"] = str(row["generated_checker"])
+            defaults["checker_contract"] = "open-r1"
         return list(_json(row["official_tests"], "official_tests", task_id)), defaults
     raise ConfigError(f"row {task_id!r} is not in an I/O layout ({', '.join(['ours', *LAYOUT_COLUMNS, 'deepcoder'])})")
 
