@@ -350,3 +350,61 @@ def test_time_spent_waiting_for_a_cpu_is_not_the_programs():
     assert ignored["why"] == "TLE" and ignored["out"] == "", ignored
     sleeper = _judged_next_to_hogs("import time\ntime.sleep(30)", "x", "counted")
     assert sleeper["why"] == "TLE" and sleeper["wall"] < 10, sleeper
+
+
+# -- the same survivor in the function judge ---------------------------------------------------
+
+SURVIVOR_CANDIDATE = '''
+import ctypes, os, threading, time
+
+def _survivors():
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            for tid in os.listdir("/proc/%s/task" % pid):
+                with open("/proc/%s/task/%s/comm" % (pid, tid)) as fh:
+                    if fh.read().strip() == "survivor":
+                        found.append(pid)
+        except OSError:
+            pass
+    return found
+
+def max_subarray_sum(xs):
+    best = cur = xs[0]
+    for x in xs[1:]:
+        cur = max(x, cur + x)
+        best = max(best, cur)
+    if LEAVE:
+        if os.fork() == 0:
+            for fd in (0, 1, 2):
+                os.dup2(os.open(os.devnull, os.O_RDWR), fd)
+            def live():
+                ctypes.CDLL(None).prctl(15, b"survivor", 0, 0, 0)
+                time.sleep(30)
+            threading.Thread(target=live).start()
+            ctypes.CDLL(None).pthread_exit(None)
+        deadline = time.monotonic() + 5
+        while not _survivors() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        mine = _survivors()
+        state = open("/proc/%s/stat" % mine[0]).read().rsplit(")", 1)[1].split()[0] if mine else "?"
+        return best if state == "Z" else None  # the means: its leader reads as a zombie, its thread lives
+    return best if not _survivors() else None
+'''
+
+
+def test_a_candidate_whose_main_thread_exited_leaves_nothing_for_the_next_program():
+    """The function judge: a candidate leaves a child whose main thread exited (it passes only when
+    that child shows as a zombie while its thread runs); the next programs judged in the same
+    sandbox pass only when they find nothing of it."""
+    from trl_sandbox.scoring.scorer import Scorer
+    from trl_sandbox.tasks.builtin import TASKS
+    from trl_sandbox.tasks.generic import tasks_from_dict
+
+    entry = {**TASKS["max_subarray"], "tests": ["[-2, 1, -3, 4, -1, 2, 1, -5, 4]"], "timeout": 10.0}
+    task = tasks_from_dict({"max_subarray": entry}, extract="raw")[0]
+    leave, look = SURVIVOR_CANDIDATE.replace("LEAVE", "True"), SURVIVOR_CANDIDATE.replace("LEAVE", "False")
+    with SandboxPool.open("local", size=1, made_by="test-io-accounting") as one:
+        scorer = Scorer(one, cache_size=0)
+        outcomes = [scorer.score([program], [task])[0] for program in (leave, look, leave, look)]
+    assert [o.status for o in outcomes] == ["passed"] * 4, outcomes
