@@ -1,6 +1,7 @@
 """Programs judged on stdin/stdout: trl-sandbox's I/O judge next to the harness peers write.
 
     .venv/bin/python benchmarks/bench_io.py [--tests 50] [--programs 8] [--wrong 2] [--workers 2] [--rounds 2]
+    .venv/bin/python benchmarks/bench_io.py --ways "trl-sandbox,trl-sandbox without meter" --rounds 4
 
 For Python and C++, ``programs`` submissions (``wrong`` of them wrong on a few tests) of a problem
 with ``tests`` tests run these ways, alternating within each round:
@@ -11,6 +12,9 @@ with ``tests`` tests run these ways, alternating within each round:
 * ``subprocess per test``: the obvious harness (open-r1's and many RL repos' local fallback):
   compile in a temporary directory, then ``subprocess.run`` per test with a timeout, the output
   compared token by token; ``workers`` programs at a time in threads. No sandbox at all.
+* ``trl-sandbox without meter`` (asked for with ``--ways``): the same as ``trl-sandbox`` with the
+  sandbox's cgroup counters left unbound, so the judge counts CPU and memory from /proc alone, as it
+  did before the meter (``trl_sandbox/judge/meter.py``): what the meter costs.
 
 Reported per way and language: programs/s, tests/s and whether every verdict was right. Writes
 ``benchmarks/results/io.json`` with the machine it ran on and prints a Markdown table.
@@ -19,6 +23,8 @@ Reported per way and language: programs/s, tests/s and whether every verdict was
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import os
 import shutil
@@ -28,6 +34,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from unittest import mock
 
 from machine import machine
 
@@ -35,6 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from trl_sandbox.judge.verdict import score_cases  # noqa: E402
+from trl_sandbox.local.cgroups import SandboxGroup  # noqa: E402
 from trl_sandbox.pool.sandbox_pool import SandboxPool  # noqa: E402
 from trl_sandbox.tasks.generic import GenericTask  # noqa: E402
 
@@ -75,9 +83,10 @@ def programs(language: str, count: int, wrong: int) -> list[tuple[str, bool]]:
     return out
 
 
-def run_sandbox(language: str, progs: list[tuple[str, bool]], tests: list[dict], workers: int) -> dict:
+def run_sandbox(language: str, progs: list[tuple[str, bool]], tests: list[dict], workers: int, meter: bool = True) -> dict:
     row = {"task_id": "prefix", "tests": tests, "language": language, "time_limit": 2}
-    with SandboxPool.open("local", size=workers, made_by="bench-io") as pool:
+    unbound = contextlib.nullcontext() if meter else mock.patch.object(SandboxGroup, "meter_files", lambda self: [])
+    with unbound, SandboxPool.open("local", size=workers, made_by="bench-io") as pool:
         score_cases(pool, GenericTask(), [(progs[0][0].replace("variant", "warm-up"), row)])  # sandboxes started
         t0 = time.perf_counter()
         outcomes = score_cases(pool, GenericTask(), [(src, row) for src, _ in progs])
@@ -124,9 +133,14 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--languages", default="python,cpp")
+    ap.add_argument("--ways", default="trl-sandbox,subprocess per test",
+                    help="comma-separated, of: trl-sandbox; trl-sandbox without meter (the cgroup's counters not "
+                         "bound: CPU and memory from /proc alone, the accounting before the meter); subprocess per test")
     args = ap.parse_args()
     tests = make_tests(args.tests)
-    ways = {"trl-sandbox": run_sandbox, "subprocess per test": run_harness}
+    known = {"trl-sandbox": run_sandbox, "trl-sandbox without meter": functools.partial(run_sandbox, meter=False),
+             "subprocess per test": run_harness}
+    ways = {way: known[way] for way in args.ways.split(",")}
     rows = []
     for r in range(args.rounds):
         for language in args.languages.split(","):
@@ -142,13 +156,16 @@ def main() -> None:
     for row in rows:
         print(f"| {row['language']} | {row['way']} | {row['programs_per_s']:.2f} | {row['tests_per_s']:.0f} | "
               f"{'yes' if row['right'] else 'NO'} | round {row['round']} |")
-    ratios = {}
+    ratios: dict[str, dict[str, list[float]]] = {}
     for language in args.languages.split(","):
         ours = [r["elapsed_s"] for r in rows if r["language"] == language and r["way"] == "trl-sandbox"]
-        theirs = [r["elapsed_s"] for r in rows if r["language"] == language and r["way"] != "trl-sandbox"]
-        ratios[language] = [t / o for o, t in zip(ours, theirs)]
-        print(f"{language}: trl-sandbox is " + ", ".join(f"{x:.2f}x" for x in ratios[language])
-              + " the harness's throughput (per round)")
+        for way in ways:
+            if way == "trl-sandbox":
+                continue
+            theirs = [r["elapsed_s"] for r in rows if r["language"] == language and r["way"] == way]
+            ratios.setdefault(language, {})[way] = [t / o for o, t in zip(ours, theirs)]
+            print(f"{language}: trl-sandbox's throughput is " + ", ".join(f"{x:.2f}x" for x in ratios[language][way])
+                  + f" that of {way} (per round)")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     for _ in range(5):
