@@ -318,17 +318,17 @@ import json, os, subprocess, sys, time
 from trl_sandbox.judge import io_process
 io_process.meter_run_delay = io_process.meter_run_delay if sys.argv[3] == "counted" else (lambda pids: 0.0)
 got = io_process.run(io_process.Cold([sys.executable, "-c", sys.argv[1], sys.argv[2]], dict(os.environ)), os.getcwd(),
-                     b"", 0.5, 0, 1.5, 1 << 16, 1 << 16)
+                     b"", 1.0, 0, 2.0, 1 << 16, 1 << 16)
 print(json.dumps({"why": got["why"], "out": got["out"].decode(), "wall": got["wall"], "cpu": got["cpu"]}))
 """
 
 
 def _judged_next_to_hogs(program: str, arg: str, mode: str) -> dict:
-    """``io_process.run`` (limit 0.5 s, backstop 1.5 s) of ``program`` pinned to CPU 0, where four
+    """``io_process.run`` (limit 1 s, backstop 2 s) of ``program`` pinned to CPU 0, where three
     busy processes (not the program's) share that CPU with it for as long as it runs."""
     hog = "import os\nos.sched_setaffinity(0, {0})\nwhile True: pass\n"
     # A session each: the kernel's autogroups share a CPU between sessions first.
-    hogs = [subprocess.Popen([sys.executable, "-c", hog], start_new_session=True) for _ in range(4)]
+    hogs = [subprocess.Popen([sys.executable, "-c", hog], start_new_session=True) for _ in range(3)]
     try:
         out = subprocess.run([sys.executable, "-c", RUNNER, program, arg, mode], capture_output=True, text=True,
                              timeout=60, check=True).stdout
@@ -340,13 +340,13 @@ def _judged_next_to_hogs(program: str, arg: str, mode: str) -> dict:
 
 
 def test_time_spent_waiting_for_a_cpu_is_not_the_programs():
-    """0.4 s of CPU (80% of the limit) takes about 2 s of wall time next to four busy processes
-    on its CPU, past the backstop (1.5 s): it passes, because the wait is not counted; the control
+    """0.6 s of CPU (60% of the limit) takes about 2.4 s of wall time next to three busy processes
+    on its CPU, past the backstop (2 s): it passes, because the wait is not counted; the control
     that counts the wait is a time limit; a program that sleeps still ends at the backstop."""
-    counted = _judged_next_to_hogs(STARVED, "0.4", "counted")
+    counted = _judged_next_to_hogs(STARVED, "0.6", "counted")
     assert counted["why"] is None and counted["out"] == "done\n", counted
-    assert counted["wall"] > 1.5, counted  # the load was real: a 0.4 s program took this long
-    ignored = _judged_next_to_hogs(STARVED, "0.4", "ignored")
+    assert counted["wall"] > 2.0, counted  # the load was real: a 0.6 s program took this long
+    ignored = _judged_next_to_hogs(STARVED, "0.6", "ignored")
     assert ignored["why"] == "TLE" and ignored["out"] == "", ignored
     sleeper = _judged_next_to_hogs("import time\ntime.sleep(30)", "x", "counted")
     assert sleeper["why"] == "TLE" and sleeper["wall"] < 10, sleeper
@@ -408,3 +408,45 @@ def test_a_candidate_whose_main_thread_exited_leaves_nothing_for_the_next_progra
         scorer = Scorer(one, cache_size=0)
         outcomes = [scorer.score([program], [task])[0] for program in (leave, look, leave, look)]
     assert [o.status for o in outcomes] == ["passed"] * 4, outcomes
+
+
+# -- the meter itself --------------------------------------------------------------------------
+
+TAMPER = """
+import ctypes, os, subprocess
+meter = "/run/trl-sandbox-meter"
+libc = ctypes.CDLL(None, use_errno=True)
+refused = []
+for name in sorted(os.listdir(meter)):
+    try:
+        with open(os.path.join(meter, name), "w") as fh:
+            fh.write("0")
+    except OSError:
+        refused.append("write " + name)
+for how in (lambda: os.rename(meter, "/tmp/moved"), lambda: os.rmdir(meter), lambda: os.mkdir(meter + "/x"),
+            lambda: os.symlink("/tmp", meter + "/y")):
+    try:
+        how()
+    except OSError:
+        refused.append("path")
+refused += ["umount"] if libc.umount2(meter.encode(), 2) != 0 else []
+refused += ["mount"] if libc.mount(b"none", meter.encode(), b"tmpfs", 0, None) != 0 else []
+refused += ["unshare"] if libc.unshare(0x00020000 | 0x10000000) != 0 else []  # CLONE_NEWNS | CLONE_NEWUSER
+print(len(refused), len(os.listdir(meter)))
+"""
+
+
+def test_a_program_cannot_tamper_with_the_meter(pool, metered):
+    """Whatever a program tries on the meter (write its counters, move, replace or cover its
+    directory, a mount namespace of its own), it is refused, and the work hidden in children the
+    kernel reaps itself is still counted in the same sandbox right after."""
+    if not metered:  # no cgroups on this machine: no meter, nothing bound
+        assert _exec(pool, "import os; print(os.path.exists('/run/trl-sandbox-meter'))").stdout == "False\n"
+        return
+    results = [_exec(pool, TAMPER) for _ in range(2)]
+    for result in results:
+        refused, files = map(int, result.stdout.split())
+        assert (refused, files) == (files + 7, 2), result
+    row = _row(FIVE, language="c", time_limit=0.25)
+    hidden, light = score(pool, GenericTask(), [_hide_c(120), _hide_c(5)], row)
+    assert light.status == "passed" and hidden.status == "timeout", (light.detail, hidden.detail)

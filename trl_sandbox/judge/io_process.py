@@ -286,8 +286,9 @@ class Cold:
 
 # A sleeping or blocked test ends at its wall backstop; time it spent waiting for a CPU (busy
 # neighbours) is not counted there, up to this many backstops: a test that keeps itself runnable
-# without running (yielding next to busy neighbours) still ends.
-WAIT_CAP = 4
+# without running (niced, yielding next to busy neighbours) still ends, and a program's two time
+# limits stay far below the reward call's deadline.
+WAIT_CAP = 2
 
 
 def run(starter, cwd, data, cpu, memory_mb, wall, out_cap, err_cap, spare=(), meter_mb=0):
