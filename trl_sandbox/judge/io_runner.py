@@ -88,10 +88,12 @@ def same_output(got, want, compare):
 
 
 def crash_kind(result):
-    """MLE or RE for a process that failed: an allocation refused under the memory limit is MLE."""
-    text = result["err"][-4096:]
+    """MLE or RE for a process that failed: an allocation refused under the memory limit is MLE.
+    Its stderr's start and end: Go's runtime prints its fatal error first, then every goroutine."""
+    text = result["err"][:4096] + b"\n" + result["err"][-4096:]
     for mark in (b"MemoryError", b"bad_alloc", b"out of memory", b"OutOfMemoryError", b"Cannot allocate memory",
-                 b"memory allocation of", b"heap out of memory"):
+                 b"memory allocation of", b"heap out of memory",
+                 b"cannot allocate memory", b"Array buffer allocation failed"):  # Go's runtime, V8's buffers
         if mark in text:
             return "MLE"
     return "RE"
@@ -141,23 +143,24 @@ class Runner:
         self.count += 1
         return os.path.join(self.work, f"{name}-{self.count}")
 
-    def contained(self, argv, files, data, cpu, memory_mb, wall, out_cap, env=None, warm=None):
+    def contained(self, argv, files, data, cpu, memory_mb, wall, out_cap, env=None, warm=None, data_mb=0):
         """Run ``argv`` (or the ``warm`` interpreter) in a fresh directory holding ``files``;
-        afterwards nothing of it is left."""
+        afterwards nothing of it is left. ``memory_mb`` is its ``RLIMIT_AS``, ``data_mb`` its
+        ``RLIMIT_DATA`` (0: none)."""
         where = self.fresh_dir("run")
         if self.clean is None:
             self.clean = scratch_entries((self.work,))  # as every test leaves them: what it added goes
         before = self.clean
         materialise(files, where)
-        spare = (warm.pid,) if warm is not None and warm.ready else ()
+        spare = (warm.pid,) if warm is not None and warm.ready and not data_mb else ()
         try:
             if spare:
                 try:
                     return run(warm, where, data, cpu, memory_mb, wall, out_cap, 64 << 10, spare)
                 except WarmGone:
                     pass  # the zygote is gone before the test started: this test and the rest start cold
-            return run(Cold(argv, {**self.env, "HOME": where, **(env or {})}), where, data, cpu, memory_mb, wall,
-                       out_cap, 64 << 10)
+            return run(Cold(argv, {**self.env, "HOME": where, **(env or {})}, data_mb), where, data, cpu, memory_mb,
+                       wall, out_cap, 64 << 10)
         finally:
             remove(where)
             for path in scratch_entries((self.work,)) - before:
@@ -206,9 +209,11 @@ class Runner:
         limit = float(test.get("time_limit") or p["time_limit"])
         memory = int(test.get("memory_mb") or p["memory_mb"])
         argv = [a.replace("{memory_mb}", str(memory)) for a in lang["run"]]
+        mode = lang.get("memory", "as")
+        data_mb = memory + int(lang["runtime_mb"]) if mode == "flag" and lang.get("runtime_mb") is not None else 0
         got = self.contained(argv, files, test["input"].encode("utf-8", "surrogateescape"), limit,
-                             memory if lang.get("memory", "as") == "as" else 0,
-                             max(limit * 2, limit + 1.0), 2 * len(want) + (64 << 10), lang.get("env"), self.warm)
+                             memory if mode == "as" else 0, max(limit * 2, limit + 1.0), 2 * len(want) + (64 << 10),
+                             lang.get("env"), self.warm, data_mb)
         verdict = {"cpu": round(got["cpu"], 4)}
         if got["why"] == "TLE":
             return {**verdict, "v": "TLE", "detail": f"over {limit:g} s"}
