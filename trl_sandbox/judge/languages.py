@@ -81,7 +81,7 @@ BUILTIN: tuple[Language, ...] = (
              ("javac", "-J-Xmx512m", "-J-XX:+UseSerialGC", "-J-XX:TieredStopAtLevel=1", "-J-XX:CICompilerCount=1", "-J-XX:CompressedClassSpaceSize=64m",
               "-J-XX:ReservedCodeCacheSize=64m",
               "-encoding", "UTF-8", "{file}"), toolchain=("java", "javac"),
-             package="default-jdk-headless", memory="flag", runtime_mb=256, compile_memory="none", class_name=True, env=_JAVA_ENV, aliases=("java8", "java11", "java17")),
+             package="default-jdk-headless", memory="flag", runtime_mb=384, compile_memory="none", class_name=True, env=_JAVA_ENV, aliases=("java8", "java11", "java17")),
     Language("rust", "main.rs", ("./main",), ("rustc", "-O", "--edition", "2021", "-o", "main", "main.rs"),
              toolchain=("rustc",), package="rustc", aliases=("rs",), compile_memory="none"),
     # Go's runtime reserves some 700 MB of address space before main runs: no RLIMIT_AS of a test's
