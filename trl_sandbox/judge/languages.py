@@ -63,7 +63,10 @@ class Language:
 # glibc reserves 64 MiB of address space per thread's malloc arena: a JVM's dozen threads would
 # spend the sandbox's whole address-space limit on reservations.
 _JAVA_ENV = (("MALLOC_ARENA_MAX", "2"),)
-_GO_ENV = (("GOCACHE", "/tmp/go-cache"), ("GOPATH", "/tmp/go"), ("GOFLAGS", "-mod=mod"), ("CGO_ENABLED", "0"))
+# Go runs as many threads as the host has cores (its collector's idle workers, the build's compiles):
+# two, whatever the host, so that a sandbox's process cap and a test's CPU time do not depend on it.
+_GO_ENV = (("GOCACHE", "/tmp/go-cache"), ("GOPATH", "/tmp/go"), ("GOFLAGS", "-mod=mod"), ("CGO_ENABLED", "0"),
+           ("GOMAXPROCS", "2"))
 
 BUILTIN: tuple[Language, ...] = (
     Language("python", "main.py", ("python3", "-I", "main.py"), toolchain=("python3",), package="python3",
