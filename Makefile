@@ -17,6 +17,10 @@ demo: setup
 ## claims (scripts/test-matrix.sh: 3.10 to 3.13, each in its own .venv-pyX.Y).
 ## The other Pythons' environments are built beside the main suite (their log:
 ## .test-matrix-prepare.log); a failed build is retried, and reported, by the matrix run.
+## It installs every optional language of the I/O judge first (scripts/setup.sh's IO_LANGUAGES:
+## Java, Rust, Go, JavaScript; once, from the system's packages), so that the tests judge programs
+## in each; `make test IO_LANGUAGES=` leaves out those not installed (the tests report them missing).
+test test-main: export IO_LANGUAGES ?= java,rust,go,javascript
 test: setup
 	@bash scripts/test-matrix.sh --prepare > .test-matrix-prepare.log 2>&1 & prepare=$$!; \
 	  $(MAKE) --no-print-directory test-main; rc=$$?; \

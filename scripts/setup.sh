@@ -8,7 +8,8 @@
 #   EXTRAS       extras of trl-sandbox to install (default: test)
 #   VENV         the virtual environment to build (default: .venv)
 #   IO_LANGUAGES the I/O judge's other languages to install besides Python and C/C++, comma-separated
-#                (java, rust, go, javascript), e.g. IO_LANGUAGES=java,rust bash scripts/setup.sh
+#                (java, rust, go, javascript), e.g. IO_LANGUAGES=java,rust bash scripts/setup.sh;
+#                `make test` asks for all four, so that the tests judge programs in each
 #   SCOPE        full (default): the project with every dependency, torch included;
 #                core: the project and its plugins without torch/trl/transformers, for the
 #                torch-free tests (import, CLI, scoring, content fuzz) on other Pythons
@@ -25,14 +26,16 @@ case "$SCOPE" in full|core) ;; *) echo "setup: SCOPE must be full or core, not '
 SUDO=""
 if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
 
-system_install() {  # system_install DEBIAN_PACKAGE FEDORA_PACKAGE
+system_install() {  # system_install "DEBIAN_PACKAGE..." "FEDORA_PACKAGE..." (space-separated lists)
   if command -v apt-get >/dev/null 2>&1; then
     $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "$1" >/dev/null
+    # shellcheck disable=SC2086  # a list of packages
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $1 >/dev/null
   elif command -v dnf >/dev/null 2>&1; then
-    $SUDO dnf install -y "$2"
+    # shellcheck disable=SC2086
+    $SUDO dnf install -y $2
   else
-    echo "setup: install $1 with your package manager" >&2
+    echo "setup: install$(printf ' %s' $1) with your package manager" >&2
     exit 1
   fi
 }
@@ -48,16 +51,25 @@ if ! command -v g++ >/dev/null 2>&1; then
   echo "setup: installing g++ (C and C++ programs for the I/O judge)" >&2
   system_install g++ gcc-c++
 fi
+# A toolchain counts where the local sandbox looks for it (it binds /usr, not e.g. ~/.cargo/bin);
+# the missing ones are installed in one go.
+in_sandbox() { (PATH=/usr/local/bin:/usr/bin:/bin; command -v "$1" >/dev/null 2>&1); }
+DEBIAN_MISSING=""
+FEDORA_MISSING=""
 for language in $(echo "${IO_LANGUAGES:-}" | tr ',' ' '); do
   case "$language" in
-    java) command -v javac >/dev/null 2>&1 || system_install default-jdk-headless java-latest-openjdk-devel ;;
-    rust) command -v rustc >/dev/null 2>&1 || system_install rustc rust ;;
-    go) command -v go >/dev/null 2>&1 || system_install golang golang ;;
-    javascript|js|node) command -v node >/dev/null 2>&1 || system_install nodejs nodejs ;;
+    java) in_sandbox javac || { DEBIAN_MISSING+=" default-jdk-headless"; FEDORA_MISSING+=" java-latest-openjdk-devel"; } ;;
+    rust) in_sandbox rustc || { DEBIAN_MISSING+=" rustc"; FEDORA_MISSING+=" rust"; } ;;
+    go) in_sandbox go || { DEBIAN_MISSING+=" golang"; FEDORA_MISSING+=" golang"; } ;;
+    javascript|js|node) in_sandbox node || { DEBIAN_MISSING+=" nodejs"; FEDORA_MISSING+=" nodejs"; } ;;
     python|cpp|c) ;;
     *) echo "setup: IO_LANGUAGES: unknown language '$language' (java, rust, go, javascript)" >&2; exit 2 ;;
   esac
 done
+if [ -n "$DEBIAN_MISSING" ]; then
+  echo "setup: installing the I/O judge's toolchains:$DEBIAN_MISSING" >&2
+  system_install "$DEBIAN_MISSING" "$FEDORA_MISSING"
+fi
 
 # 2. The virtual environment (Debian's system Python needs python3-venv for it).
 if [ ! -x "$VENV/bin/python" ]; then

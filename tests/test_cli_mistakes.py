@@ -96,60 +96,83 @@ def test_exec_into_a_closed_pipe_ends_quietly(tmp_path):
     assert "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr, proc.stderr
 
 
-def _interrupt_after(cmd: list[str], journal: Path, lines: int) -> subprocess.CompletedProcess:
-    """Run ``cmd``; send SIGINT once ``journal`` holds ``lines`` results (deadline-bounded)."""
+def _journaled(journal: Path) -> dict[int, dict]:
+    """The results an interrupted run journaled, by input index (whole lines only)."""
+    lines = journal.read_text().split("\n")[:-1] if journal.exists() else []
+    return {entry["_resume"][0]: entry for entry in map(json.loads, lines)}
+
+
+def _interrupt_when_all_but_one_done(cmd: list[str], journal: Path, total: int, blocker: int) -> subprocess.CompletedProcess:
+    """Run ``cmd``, whose batch holds one program (at index ``blocker``) that never ends by itself;
+    send SIGINT once ``journal`` holds every other result. The command cannot finish before the
+    interrupt, however fast or slow the machine: nothing here waits on a guess at timing."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        if journal.exists() and journal.read_text().count("\n") >= lines:
-            proc.send_signal(signal.SIGINT)
-            break
+    deadline = time.monotonic() + 300
+    while set(_journaled(journal)) - {blocker} != set(range(total)) - {blocker}:
+        assert proc.poll() is None, f"the command ended before the interrupt: {proc.communicate()}"
+        assert time.monotonic() < deadline, "the other results never came"
         time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
+# A body of the built-in max_subarray task (which bans no import) that sleeps far past any wait of
+# these tests: it holds the run open until the test interrupts it, then is replaced for the resume.
+BLOCKS = "    import time\n    time.sleep(3600)\n    return 0\n"
+
+
 def test_an_interrupted_evaluate_resumes_to_the_same_results(tmp_path):
-    slow = "    import_ok = 0\n    t = 0\n    while t < 2000000:\n        t += 1\n    return list(xs)\n"
-    items = []
-    for i in range(24):
-        items.append({"task_id": "sorting", "completion": [SOLUTIONS["sorting"], slow, "    return xs\n"][i % 3],
-                      "n": i})
-    samples = write_jsonl(tmp_path / "samples.jsonl", items)
-    reference = tmp_path / "reference.jsonl"
-    assert run("evaluate", str(samples), "--tasks", "builtin", "--output", str(reference),
-               "--pool-size", "1", "--no-progress").returncode == 0
+    def batch(blocker: str) -> list[dict]:
+        kinds = [SOLUTIONS["sorting"], "    return xs\n", "    raise ValueError(xs)\n"]
+        items = [{"task_id": "sorting", "completion": kinds[i % 3], "n": i} for i in range(24)]
+        items[7] = {"task_id": "max_subarray", "completion": blocker, "n": 7}
+        return items
+
+    samples = write_jsonl(tmp_path / "samples.jsonl", batch(BLOCKS))
     out = tmp_path / "out.jsonl"
-    cmd = [*CLI, "evaluate", str(samples), "--tasks", "builtin", "--output", str(out), "--pool-size", "1",
-           "--no-progress"]
-    stopped = _interrupt_after(cmd, Path(f"{out}.partial"), 6)
+    # Two sandboxes: the blocker holds one, the other 23 go through the other. Its timeout is long
+    # enough that the interrupt always comes first.
+    cmd = [*CLI, "evaluate", str(samples), "--tasks", "builtin", "--output", str(out), "--pool-size", "2",
+           "--timeout", "600", "--no-progress"]
+    stopped = _interrupt_when_all_but_one_done(cmd, Path(f"{out}.partial"), 24, blocker=7)
     assert stopped.returncode == -signal.SIGINT and not out.exists(), stopped.stderr  # ended by SIGINT, as Python does
     assert "--resume" in stopped.stderr and "Traceback" not in stopped.stderr, stopped.stderr
-    kept = Path(f"{out}.partial").read_text().count("\n")
-    assert 6 <= kept < 24
+    # The blocker's line becomes a right answer: the resumed run scores that one and reuses the rest.
+    write_jsonl(samples, batch(SOLUTIONS["max_subarray"]))
     resumed = run(*cmd[len(CLI):], "--resume")
     assert resumed.returncode == 0, resumed.stderr
-    assert f"({kept} reused" in resumed.stderr or "reused" in resumed.stderr
-    assert out.read_text() == reference.read_text()
+    assert "(23 reused" in resumed.stderr, resumed.stderr
     assert not Path(f"{out}.partial").exists()
-    assert resumed.stdout.strip().splitlines()[-1] == run(
-        "evaluate", str(samples), "--tasks", "builtin", "--output", str(tmp_path / "again.jsonl"),
-        "--pool-size", "1", "--no-progress").stdout.strip().splitlines()[-1]  # the same pass@k
+    reference = tmp_path / "reference.jsonl"
+    fresh = run(*[reference.as_posix() if a == str(out) else a for a in cmd[len(CLI):]])
+    assert fresh.returncode == 0, fresh.stderr
+    assert out.read_text() == reference.read_text()
+    want = [("passed", "failed", "error")[i % 3] for i in range(24)]
+    want[7] = "passed"
+    assert [json.loads(x)["status"] for x in out.read_text().splitlines()] == want
+    assert resumed.stdout.strip().splitlines()[-1] == fresh.stdout.strip().splitlines()[-1]  # the same pass@k
 
 
 def test_an_interrupted_exec_resumes_and_keeps_every_finished_result(tmp_path):
-    lines = [{"id": i, "code": f"import time; time.sleep(0.15); print({i})"} for i in range(20)]
-    batch = write_jsonl(tmp_path / "batch.jsonl", lines)
+    def batch(blocker: str) -> list[dict]:
+        lines = [{"id": i, "code": f"print({i})"} for i in range(20)]
+        lines[7] = {"id": 7, "code": blocker}
+        return lines
+
+    path = write_jsonl(tmp_path / "batch.jsonl", batch("import time; time.sleep(3600); print(7)"))
     out = tmp_path / "out.jsonl"
-    cmd = [*CLI, "exec", "--input", str(batch), "--output", str(out), "--pool-size", "1"]
-    stopped = _interrupt_after(cmd, Path(f"{out}.partial"), 5)
+    cmd = [*CLI, "exec", "--input", str(path), "--output", str(out), "--pool-size", "2", "--timeout", "600"]
+    stopped = _interrupt_when_all_but_one_done(cmd, Path(f"{out}.partial"), 20, blocker=7)
     assert stopped.returncode == -signal.SIGINT and "--resume" in stopped.stderr, stopped.stderr
+    assert not out.exists()
+    write_jsonl(path, batch("print(7)"))
     resumed = run(*cmd[len(CLI):], "--resume")
     assert resumed.returncode == 0, resumed.stderr
     results = [json.loads(x) for x in out.read_text().splitlines()]
     assert [r["id"] for r in results] == list(range(20))
     assert [r["stdout"] for r in results] == [f"{i}\n" for i in range(20)]
-    assert "reused" in resumed.stderr
+    assert "(19 reused" in resumed.stderr, resumed.stderr
     assert os.path.exists(out) and not Path(f"{out}.partial").exists()
 
 

@@ -314,6 +314,77 @@ def test_a_language_the_fence_chose_without_its_toolchain_is_the_programs_error(
     assert control.status == "passed", control.detail  # positive control: the fence does choose the language
 
 
+# Programs that hold {mb} MB (every page written) and then print the sum of the input: right while
+# the memory is theirs. Each language's usual allocation, and for the runtimes whose heap a flag
+# bounds, an allocation outside that heap too (Java's Unsafe, a JavaScript typed array).
+HOLD_IN = {
+    "python": ["import sys\na, b = map(int, sys.stdin.read().split())\nm = bytearray(b'\\x01') * ({mb} << 20)\n"
+               "print(a + b + m[4096] - 1)\n"],
+    "cpp": ["#include <iostream>\n#include <vector>\nint main(){ long a, b; std::cin >> a >> b;\n"
+            "  std::vector<char> m((size_t){mb} << 20, 1); volatile char *p = m.data();\n"
+            "  std::cout << a + b + p[4096] - 1 << \"\\n\"; }\n"],
+    "c": ["#include <stdio.h>\n#include <stdlib.h>\nint main(void){ long a, b; if (scanf(\"%ld %ld\", &a, &b) != 2) return 1;\n"
+          "  size_t n = (size_t){mb} << 20; volatile char *m = malloc(n); if (!m) { perror(\"malloc\"); return 1; }\n"
+          "  for (size_t i = 0; i < n; i += 4096) m[i] = 1;\n  printf(\"%ld\\n\", a + b + m[4096] - 1); return 0; }\n"],
+    "rust": ["use std::io::Read;\nfn main() { let mut s = String::new(); std::io::stdin().read_to_string(&mut s).unwrap();\n"
+             "  let v: Vec<i64> = s.split_whitespace().map(|x| x.parse().unwrap()).collect();\n"
+             "  let m = vec![1u8; {mb} << 20]; let x = unsafe { std::ptr::read_volatile(&m[4096]) } as i64;\n"
+             "  println!(\"{}\", v[0] + v[1] + x - 1); }\n"],
+    "go": ["package main\nimport \"fmt\"\nfunc main() { var a, b int64; fmt.Scan(&a, &b); m := make([]byte, {mb}<<20)\n"
+           "  for i := 0; i < len(m); i += 4096 { m[i] = 1 }; fmt.Println(a + b + int64(m[4096]) - 1) }\n"],
+    "java": ["import java.util.*;\npublic class Hold { public static void main(String[] x) {\n"
+             "  Scanner s = new Scanner(System.in); long a = s.nextLong(), b = s.nextLong(); byte[] m = new byte[{mb} << 20];\n"
+             "  for (int i = 0; i < m.length; i += 4096) m[i] = 1; System.out.println(a + b + m[4096] - 1); } }\n",
+             "import java.util.*;\npublic class Hold { public static void main(String[] x) throws Exception {\n"
+             "  Scanner s = new Scanner(System.in); long a = s.nextLong(), b = s.nextLong();\n"
+             "  java.lang.reflect.Field f = sun.misc.Unsafe.class.getDeclaredField(\"theUnsafe\"); f.setAccessible(true);\n"
+             "  sun.misc.Unsafe u = (sun.misc.Unsafe) f.get(null); long n = (long) {mb} << 20, p = u.allocateMemory(n);\n"
+             "  for (long i = 0; i < n; i += 4096) u.putByte(p + i, (byte) 1);\n"
+             "  System.out.println(a + b + u.getByte(p + 4096) - 1); } }\n"],
+    "javascript": ["const v = require('fs').readFileSync(0, 'utf8').trim().split(/\\s+/).map(Number);\n"
+                   "const m = []; for (let i = 0; i < ({mb} << 17); i++) m.push(i + 0.5);\n"
+                   "console.log(v[0] + v[1] + (m.length >> 17) - {mb});\n",
+                   "const v = require('fs').readFileSync(0, 'utf8').trim().split(/\\s+/).map(Number);\n"
+                   "const m = new Uint8Array({mb} << 20).fill(1);\nconsole.log(v[0] + v[1] + m[4096] - 1);\n"],
+}
+
+
+def _hold(source, mb):
+    return source.replace("{mb}", str(mb))
+
+
+def test_every_installed_language_is_held_to_a_memory_tight_row():
+    """On a 256 MB row, in each built-in language: a program that holds 100 MB passes, the same
+    program holding 1 GB is MLE (never AC, never a crash the judge cannot name); a language whose
+    toolchain is missing is reported so (``infra``), for every program of it. Go's runtime reserves
+    more address space than the row's limit before ``main`` runs, so this is also where it must start.
+    The sandbox allows each process 4 GiB of address space, so that the row's limit is what binds
+    (under the default 1 GiB, V8 grows its heap by a few tens of MB only, and a JVM with a 512 MB
+    heap cannot start)."""
+    import shutil
+
+    from trl_sandbox.judge.languages import languages
+    from trl_sandbox.local.command import LOCAL_PATH
+    from trl_sandbox.sandbox import ResourceLimits, SandboxSpec
+
+    assert sorted(HOLD_IN) == sorted(SUM_IN)
+    cases = [(n, k, src) for n in sorted(HOLD_IN) for k, src in enumerate(HOLD_IN[n])]
+    # CPU to spare (a JVM starting under load): only memory may fail these.
+    rows = [_row(SUM_TESTS[:1], language=n, memory_limit=256, time_limit=10) for n, _, _ in cases]
+    with SandboxPool.open("local", size=2, spec=SandboxSpec(limits=ResourceLimits(memory_mb=4096)),
+                          made_by="test-io-judge") as roomy:
+        right = score(roomy, GenericTask(), [_hold(src, 100) for _, _, src in cases], rows)
+        hog = score(roomy, GenericTask(), [_hold(src, 1024) for _, _, src in cases], rows)
+    installed = {n for n in HOLD_IN if not languages().get(n).missing(lambda t: shutil.which(t, path=LOCAL_PATH))}
+    assert {"python", "cpp", "c"} <= installed
+    for (name, k, _), good, bad in zip(cases, right, hog):
+        if name in installed:
+            assert good.status == "passed", (name, k, good.detail)
+            assert bad.status == "error" and bad.detail.startswith("MLE 1;"), (name, k, bad.status, bad.detail)
+        else:
+            assert good.status == bad.status == "infra" and "not installed" in good.detail, (name, good.detail)
+
+
 MEMORY_SCAN = textwrap.dedent("""
     import ctypes, gc, sys
     ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # dumpable again: its own /proc/self/mem is readable

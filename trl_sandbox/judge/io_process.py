@@ -241,10 +241,12 @@ def enter(cwd, stdin_fd, out_fd, err_fd, cpu, memory_mb):
 
 
 class Cold:
-    """A program started by ``execve`` in a child of the runner."""
+    """A program started by ``execve`` in a child of the runner; ``data_mb``: its ``RLIMIT_DATA``
+    (a runtime that reserves more address space than any limit of a test's size: see
+    ``judge/languages.py``)."""
 
-    def __init__(self, argv, env):
-        self.argv, self.env, self.pidfd = argv, env, None
+    def __init__(self, argv, env, data_mb=0):
+        self.argv, self.env, self.data_mb, self.pidfd = argv, env, data_mb, None
 
     def start(self, cwd, stdin_fd, out_fd, err_fd, cpu, memory_mb):
         self.pid = os.fork()
@@ -252,6 +254,8 @@ class Cold:
             return self.pid
         try:
             enter(cwd, stdin_fd, out_fd, err_fd, cpu, memory_mb)
+            if self.data_mb:
+                lower(resource.RLIMIT_DATA, self.data_mb << 20)
             os.execvpe(self.argv[0], self.argv, self.env)
         except BaseException as exc:  # noqa: BLE001 - nothing may return into the runner's code
             try:

@@ -30,8 +30,8 @@ import time
 
 MARKER = "@@trl-sandbox-verdict@@"
 MAX_LATE = 2  # time limits after which a program's remaining tests are not run
-# MB a runtime that bounds its own heap (a JVM's -Xmx, V8's old space) holds beside it (code,
-# metadata, stacks): the meter's bound for its tests is the row's limit plus this.
+# MB a runtime that bounds its own heap by a flag holds beside it where its language names no
+# ``runtime_mb`` (a plugin's): the meter's bound for its tests is the row's limit plus this.
 RUNTIME_MB = 64
 
 if "run" not in globals():
@@ -43,10 +43,12 @@ if "run" not in globals():
 
 
 def crash_kind(result):
-    """MLE or RE for a process that failed: an allocation refused under the memory limit is MLE."""
-    text = result["err"][-4096:]
+    """MLE or RE for a process that failed: an allocation refused under the memory limit is MLE.
+    Its stderr's start and end: Go's runtime prints its fatal error first, then every goroutine."""
+    text = result["err"][:4096] + b"\n" + result["err"][-4096:]
     for mark in (b"MemoryError", b"bad_alloc", b"out of memory", b"OutOfMemoryError", b"Cannot allocate memory",
-                 b"memory allocation of", b"heap out of memory", b"Array buffer allocation failed"):
+                 b"memory allocation of", b"heap out of memory",
+                 b"cannot allocate memory", b"Array buffer allocation failed"):  # Go's runtime, V8's buffers
         if mark in text:
             return "MLE"
     return "RE"
@@ -96,23 +98,25 @@ class Runner:
         self.count += 1
         return os.path.join(self.work, f"{name}-{self.count}")
 
-    def contained(self, argv, files, data, cpu, memory_mb, wall, out_cap, env=None, warm=None, meter_mb=0):
+    def contained(self, argv, files, data, cpu, memory_mb, wall, out_cap, env=None, warm=None, data_mb=0,
+                  meter_mb=0):
         """Run ``argv`` (or the ``warm`` interpreter) in a fresh directory holding ``files``;
-        afterwards nothing of it is left."""
+        afterwards nothing of it is left. ``memory_mb`` is its ``RLIMIT_AS``, ``data_mb`` its
+        ``RLIMIT_DATA`` (0: none)."""
         where = self.fresh_dir("run")
         if self.clean is None:
             self.clean = scratch_entries((self.work,))  # as every test leaves them: what it added goes
         before = self.clean
         materialise(files, where)
-        spare = (warm.pid,) if warm is not None and warm.ready else ()
+        spare = (warm.pid,) if warm is not None and warm.ready and not data_mb else ()
         try:
             if spare:
                 try:
                     return run(warm, where, data, cpu, memory_mb, wall, out_cap, 64 << 10, spare, meter_mb)
                 except WarmGone:
                     pass  # the zygote is gone before the test started: this test and the rest start cold
-            return run(Cold(argv, {**self.env, "HOME": where, **(env or {})}), where, data, cpu, memory_mb, wall,
-                       out_cap, 64 << 10, meter_mb=meter_mb)
+            return run(Cold(argv, {**self.env, "HOME": where, **(env or {})}, data_mb), where, data, cpu, memory_mb,
+                       wall, out_cap, 64 << 10, meter_mb=meter_mb)
         finally:
             remove(where)
             for path in scratch_entries((self.work,)) - before:
@@ -162,10 +166,14 @@ class Runner:
         limit = float(test.get("time_limit") or p["time_limit"])
         memory = int(test.get("memory_mb") or p["memory_mb"])
         argv = [a.replace("{memory_mb}", str(memory)) for a in lang["run"]]
-        bounded = lang.get("memory", "as") == "as"  # else the runtime bounds its heap by a flag
+        mode = lang.get("memory", "as")
+        # A runtime that bounds its heap by a flag holds its own memory beside it (code, metadata,
+        # stacks): its writable memory (RLIMIT_DATA) and its memory on the meter may be that much more.
+        runtime = int(lang["runtime_mb"]) if lang.get("runtime_mb") is not None else RUNTIME_MB
+        data_mb = memory + runtime if mode == "flag" and lang.get("runtime_mb") is not None else 0
         got = self.contained(argv, files, test["input"].encode("utf-8", "surrogateescape"), limit,
-                             memory if bounded else 0, max(limit * 2, limit + 1.0), 2 * len(want) + (64 << 10),
-                             lang.get("env"), self.warm, memory + (0 if bounded else RUNTIME_MB))
+                             memory if mode == "as" else 0, max(limit * 2, limit + 1.0), 2 * len(want) + (64 << 10),
+                             lang.get("env"), self.warm, data_mb, memory + (runtime if mode == "flag" else 0))
         verdict = {"cpu": round(got["cpu"], 4)}
         if got.get("memory") is not None:
             verdict["mb"] = round(got["memory"] / (1 << 20), 1)

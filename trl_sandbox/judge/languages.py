@@ -3,8 +3,11 @@ one) and a run command, and the toolchain a sandbox needs for them.
 
 A plugin adds or replaces languages with the ``trl_sandbox_register_languages`` hook (``trl_sandbox.plugins.hookspecs``):
 it calls ``register(Language(...))``. ``{memory_mb}`` in a run command is the test's memory limit,
-for runtimes that reserve far more address space than they use (the JVM, V8): those set
-``memory="flag"`` and get no address-space limit, the flag bounds their heap instead.
+for runtimes that reserve far more address space than they use (the JVM, V8, Go's runtime): those
+set ``memory="flag"`` and get no address-space limit; the flag bounds their heap instead, and where
+``runtime_mb`` is set, ``RLIMIT_DATA`` (the writable memory a process maps, which reservations do
+not count toward) is the test's limit plus ``runtime_mb``: the runtime's own memory is allowed on
+top, an allocation outside the heap the flag bounds (a direct buffer, a typed array) is not.
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ class Language:
     package: str = ""  # what to install when they do not (a Debian package, or how)
     aliases: tuple[str, ...] = ()  # other names datasets use (fence tags, ``language`` values)
     memory: str = "as"  # "as": RLIMIT_AS is the test's memory limit; "flag": the run command bounds it
+    # "flag" only: RLIMIT_DATA is the test's limit plus this (what the runtime itself keeps besides the
+    # heap its flag bounds); None: no such limit (a runtime whose needs nobody measured).
+    runtime_mb: int | None = None
     compile_memory: str = "as"  # the same for the compile step
     env: tuple[tuple[str, str], ...] = ()  # extra environment for compile and run
     class_name: bool = False  # Java: the file is named after the source's public class
@@ -47,7 +53,7 @@ class Language:
             run = [a.replace("{class}", name) for a in run]
             compile_argv = [a.replace("{file}", file) for a in compile_argv] if compile_argv else None
         return {"name": self.name, "file": file, "compile": compile_argv, "run": run, "memory": self.memory,
-                "compile_memory": self.compile_memory, "env": dict(self.env), "cache_include": list(self.cache_include)}
+                "runtime_mb": self.runtime_mb, "compile_memory": self.compile_memory, "env": dict(self.env), "cache_include": list(self.cache_include)}
 
     def missing(self, which: Callable[[str], str | None] = shutil.which) -> list[str]:
         """The toolchain's commands that ``which`` cannot find."""
@@ -57,7 +63,10 @@ class Language:
 # glibc reserves 64 MiB of address space per thread's malloc arena: a JVM's dozen threads would
 # spend the sandbox's whole address-space limit on reservations.
 _JAVA_ENV = (("MALLOC_ARENA_MAX", "2"),)
-_GO_ENV = (("GOCACHE", "/tmp/go-cache"), ("GOPATH", "/tmp/go"), ("GOFLAGS", "-mod=mod"), ("CGO_ENABLED", "0"))
+# Go runs as many threads as the host has cores (its collector's idle workers, the build's compiles):
+# two, whatever the host, so that a sandbox's process cap and a test's CPU time do not depend on it.
+_GO_ENV = (("GOCACHE", "/tmp/go-cache"), ("GOPATH", "/tmp/go"), ("GOFLAGS", "-mod=mod"), ("CGO_ENABLED", "0"),
+           ("GOMAXPROCS", "2"))
 
 BUILTIN: tuple[Language, ...] = (
     Language("python", "main.py", ("python3", "-I", "main.py"), toolchain=("python3",), package="python3",
@@ -75,13 +84,16 @@ BUILTIN: tuple[Language, ...] = (
              ("javac", "-J-Xmx512m", "-J-XX:+UseSerialGC", "-J-XX:TieredStopAtLevel=1", "-J-XX:CICompilerCount=1", "-J-XX:CompressedClassSpaceSize=64m",
               "-J-XX:ReservedCodeCacheSize=64m",
               "-encoding", "UTF-8", "{file}"), toolchain=("java", "javac"),
-             package="default-jdk-headless", memory="flag", compile_memory="none", class_name=True, env=_JAVA_ENV, aliases=("java8", "java11", "java17")),
+             package="default-jdk-headless", memory="flag", runtime_mb=384, compile_memory="none", class_name=True, env=_JAVA_ENV, aliases=("java8", "java11", "java17")),
     Language("rust", "main.rs", ("./main",), ("rustc", "-O", "--edition", "2021", "-o", "main", "main.rs"),
              toolchain=("rustc",), package="rustc", aliases=("rs",), compile_memory="none"),
-    Language("go", "main.go", ("./main",), ("go", "build", "-o", "main", "main.go"), toolchain=("go",),
-             package="golang", aliases=("golang",), compile_memory="none", env=_GO_ENV),
+    # Go's runtime reserves some 700 MB of address space before main runs: no RLIMIT_AS of a test's
+    # size lets it start. GOMEMLIMIT makes its collector keep the heap under the limit.
+    Language("go", "main.go", ("env", "GOMEMLIMIT={memory_mb}MiB", "./main"), ("go", "build", "-o", "main", "main.go"),
+             toolchain=("go",), package="golang", aliases=("golang",), memory="flag", runtime_mb=128,
+             compile_memory="none", env=_GO_ENV),
     Language("javascript", "main.js", ("node", "--max-old-space-size={memory_mb}", "--stack-size=65500", "main.js"),
-             toolchain=("node",), package="nodejs", memory="flag", aliases=("js", "node", "nodejs")),
+             toolchain=("node",), package="nodejs", memory="flag", runtime_mb=192, aliases=("js", "node", "nodejs")),
 )
 
 
