@@ -383,3 +383,21 @@ def test_a_language_without_its_toolchain_fails_at_construction(tmp_path, monkey
     trainer = SandboxGRPOTrainer(model=tiny.model(), args=args, train_dataset=Dataset.from_list(rows[:1]),
                                  processing_class=tiny.tokenizer())
     trainer.sandbox_pool.close()
+
+
+def test_rows_in_a_heap_flag_language_under_a_tight_address_space_are_warned_of(tmp_path, caplog):
+    """Java rows under the default 1 GiB per process: a warning at construction naming the setting;
+    with room enough, or in C++, none."""
+    rows = [{"prompt": "sum", "task_id": "s", "tests": [{"input": "1 2\n", "output": "3\n"}], "language": "java"}]
+    cases = [(rows, {}, True), (rows, {"sandbox_memory_mb": 2048}, False), ([{**rows[0], "language": "cpp"}], {}, False)]
+    for dataset, settings, warned in cases:
+        caplog.clear()
+        args = SandboxGRPOConfig(**tiny.grpo_kwargs(tmp_path), sandbox_provider="local", **settings)
+        with caplog.at_level("WARNING", logger="trl_sandbox"):
+            trainer = SandboxGRPOTrainer(model=tiny.model(), args=args, train_dataset=Dataset.from_list(dataset),
+                                         processing_class=tiny.tokenizer())
+        trainer.sandbox_pool.close()
+        said = [r.getMessage() for r in caplog.records if "sandbox_memory_mb" in r.getMessage()]
+        assert bool(said) == warned, (settings, said)
+        if warned:
+            assert "java" in said[0] and "1792" in said[0]

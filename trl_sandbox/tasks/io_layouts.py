@@ -296,3 +296,27 @@ def check_io_toolchains(dataset: Any, path: str) -> None:
     for part in parts:
         for name in sorted(named_languages(part)):
             check_toolchain(languages().get(name), which=lambda tool: shutil.which(tool, path=path))
+
+
+# Address space (MiB) a runtime that bounds its heap by a flag needs beside a row's limit in every
+# process of the sandbox (``sandbox_memory_mb``): a JVM reserves its heap, class space and code
+# cache up front, V8 its heap's cage; below it a right program fails as if it were wrong.
+RESERVED_MB = 1536
+
+
+def io_memory_warning(dataset: Any, memory_mb: int) -> str | None:
+    """What to set when a language the dataset names reserves more address space than the sandbox's
+    per-process limit ``memory_mb`` leaves a 256 MB row; None when it is room enough."""
+    from trl_sandbox.judge.languages import languages
+
+    if dataset is None:
+        return None
+    parts = dataset.values() if isinstance(getattr(dataset, "column_names", None), dict) else [dataset]
+    tight = sorted({lang.name for part in parts for lang in map(languages().get, named_languages(part))
+                    if lang.memory == "flag" and lang.name != "go"})
+    need = 256 + RESERVED_MB
+    if not tight or memory_mb >= need:
+        return None
+    return (f"rows in {', '.join(tight)} need sandbox_memory_mb of their memory limit + {RESERVED_MB} "
+            f"(at least {need} for 256 MB rows; now {memory_mb}): under it a JVM with a large heap cannot "
+            "start and V8's heap stops growing early, so right programs fail (docs/io-programs.md, Languages)")

@@ -31,7 +31,7 @@ from trl_sandbox.pool.sandbox_pool import PoolSettings, SandboxPool
 from trl_sandbox.pool.tags import MADE_BY_TAG, RunInfo, collect_tags, new_run_id
 from trl_sandbox.sandbox import STATUSES, TASK_COLUMN, ConfigError
 from trl_sandbox.scoring.scorer import Scorer
-from trl_sandbox.tasks.io_layouts import check_io_toolchains
+from trl_sandbox.tasks.io_layouts import check_io_toolchains, io_memory_warning
 from trl_sandbox.tasks.resolve import resolve_task
 from trl_sandbox.training.config import SandboxGRPOConfig, parse_mapping  # noqa: F401  (public from here too)
 from trl_sandbox.training.environment import JUDGE_HEADROOM, EpisodeTally, SandboxEnvironment
@@ -165,6 +165,9 @@ class SandboxGRPOTrainer(GRPOTrainer):
         if getattr(provider, "name", "") == "local":  # remote images bring their own toolchains
             for dataset in (train_dataset, eval_dataset):
                 check_io_toolchains(dataset, LOCAL_PATH)
+                warning = io_memory_warning(dataset, args.sandbox_memory_mb)
+                if warning:
+                    log.warning(warning)
         self.sandbox_pool = SandboxPool(
             provider,
             spec=args.sandbox_spec(),
