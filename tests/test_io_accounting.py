@@ -446,7 +446,110 @@ def test_a_program_cannot_tamper_with_the_meter(pool, metered):
     results = [_exec(pool, TAMPER) for _ in range(2)]
     for result in results:
         refused, files = map(int, result.stdout.split())
-        assert (refused, files) == (files + 7, 2), result
+        assert refused == files + 7 and files in (2, 3), result  # CPU, memory.stat (and v1's kmem)
     row = _row(FIVE, language="c", time_limit=0.25)
     hidden, light = score(pool, GenericTask(), [_hide_c(120), _hide_c(5)], row)
     assert light.status == "passed" and hidden.status == "timeout", (light.detail, hidden.detail)
+
+
+# -- a chain of forks that outruns the kill ----------------------------------------------------
+
+# Prints a wrong answer, leaves 40 zombies (a slower scan of its processes), then runs as a chain:
+# each member copies every answer file it can find over the output beside it, forks, and exits, so
+# that a scan reading a member's children before its fork, and finding it dead after, misses the
+# next one. Against a checker, every copy that lands in time turns the wrong answer right.
+CHAIN_C = r"""
+#include <glob.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+static void forge(void) {
+  glob_t g;
+  if (glob("/work/run-*/answer.txt", 0, NULL, &g) != 0) return;
+  for (size_t i = 0; i < g.gl_pathc; i++) {
+    char out[4096]; FILE *in = fopen(g.gl_pathv[i], "rb"), *to;
+    snprintf(out, sizeof out, "%.*s/output.txt", (int)(strrchr(g.gl_pathv[i], '/') - g.gl_pathv[i]), g.gl_pathv[i]);
+    if (in && (to = fopen(out, "wb"))) { char b[4096]; size_t n; while ((n = fread(b, 1, sizeof b, in)) > 0) fwrite(b, 1, n, to); fclose(to); }
+    if (in) fclose(in);
+  }
+  globfree(&g);
+}
+int main(void) {
+  long a, b; if (scanf("%ld %ld", &a, &b) != 2) return 1;
+  printf("%ld\n", a + b + 1); fflush(stdout);
+  close(0); close(1); close(2);
+  for (int i = 0; i < 40; i++) if (fork() == 0) _exit(0);
+  if (fork() != 0) _exit(0);
+  for (long i = 0; i < 2000000; i++) { forge(); if (fork() != 0) _exit(0); }
+  return 0;
+}
+"""
+
+
+def test_a_chain_of_forks_does_not_outrun_the_kill(pool):
+    """Ten tests against a checker, three times over: the chain must never reach a checker's files
+    (every test of it WA), and the honest program beside it passes every test."""
+    tests = [{"input": f"{i} {i}\n", "output": f"{2 * i}\n"} for i in range(1, 11)]
+    row = _row(tests, language="c", checker=CHECKER, time_limit=1)
+    honest = "#include <stdio.h>\nint main(void){long a,b; if(scanf(\"%ld %ld\",&a,&b)!=2) return 1; printf(\"%ld\\n\",a+b); return 0;}\n"
+    outcomes = score(pool, GenericTask(), [CHAIN_C, CHAIN_C, CHAIN_C, honest], row)
+    assert outcomes[3].status == "passed", outcomes[3].detail
+    for chain in outcomes[:3]:
+        assert chain.passed == 0 and chain.status in ("failed", "error"), chain.detail
+
+
+# -- memory the kernel holds for a program -----------------------------------------------------
+
+SOCKETS = """
+import socket
+pairs, chunk, held = [], b"x" * 65536, 0
+while held < MB << 20 and len(pairs) < 100:
+    a, b = socket.socketpair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
+    b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+    a.setblocking(False)
+    try:
+        while held < MB << 20:
+            held += a.send(chunk)
+    except BlockingIOError:
+        pass
+    pairs.append((a, b))
+x, y = map(int, input().split())
+print(x + y if held >= MB << 20 else "held only %d" % held)
+"""
+
+
+def test_memory_held_in_socket_buffers_is_a_memory_limit(pool, metered):
+    """A program parks 300 MB in its sockets' buffers (no address space shows them) on a 64 MB
+    row: never a pass, and a memory limit where there is a meter. Control: 16 MB the same way."""
+    big, small = score(pool, GenericTask(), [SOCKETS.replace("MB", "300"), SOCKETS.replace("MB", "16")],
+                       _row(FIVE, memory_limit=64, time_limit=5))
+    assert small.status == "passed", small.detail
+    assert big.status != "passed", big.detail
+    if metered:
+        assert big.status == "error" and "MLE" in big.detail, big.detail
+
+
+def test_a_runtime_bounding_its_own_heap_holds_its_row_and_little_more(pool, metered):
+    """On a 64 MB row, Go's heap, Java's memory outside its heap and a JavaScript typed array of
+    150 MB are memory limits where there is a meter (the runtime itself is allowed 64 MB beside
+    the row's limit; their writable-memory limits allow more, for stacks they never touch), and
+    never a pass; 30 MB the same way passes."""
+    import shutil
+
+    from trl_sandbox.judge.languages import languages
+    from trl_sandbox.local.command import LOCAL_PATH
+
+    from .test_io_judge import HOLD_IN
+
+    cases = [(name, HOLD_IN[name][k]) for name, k in (("go", 0), ("java", 1), ("javascript", 1))
+             if not languages().get(name).missing(lambda t: shutil.which(t, path=LOCAL_PATH))]
+    rows = [_row(ONE, language=name, memory_limit=64, time_limit=10) for name, _ in cases]
+    big = score(pool, GenericTask(), [src.replace("{mb}", "150") for _, src in cases], rows)
+    small = score(pool, GenericTask(), [src.replace("{mb}", "30") for _, src in cases], rows)
+    for (name, _), hog, control in zip(cases, big, small):
+        assert control.status == "passed", (name, control.detail)
+        assert hog.status != "passed", (name, hog.detail)
+        if metered:
+            assert hog.status == "error" and "MLE" in hog.detail, (name, hog.detail)

@@ -125,7 +125,7 @@ def kill_all(spare=()):
     """Kill and reap every process below this one, however it detached, but the helpers ``spare``
     (a process a helper reaps itself is waited for until it has). Returns the helpers that had
     died and were reaped here: their numbers are free for reuse from now on."""
-    spared, gone = set(spare), []
+    spared, gone, quiet = set(spare), [], 0
     for _ in range(100000):
         pids = [p for p in descendants() if p not in spared and not threads_gone(p)]
         for pid in pids:
@@ -133,19 +133,28 @@ def kill_all(spare=()):
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+        reaped = False
         while True:
             try:
                 pid, _ = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
-                return gone
+                return gone  # no child at all: orphans are ours, so nothing is left below
             if pid == 0:
                 break
+            reaped = True
             if pid in spared:
                 spared.discard(pid)
                 gone.append(pid)
-        if not pids:
+        # A scan reads each process's children while they may fork: a child forked after its
+        # parent's list was read, whose parent then exited, is ours (we are a subreaper) only by
+        # the next scan. Every such exit leaves a zombie to reap, but the warm interpreter reaps
+        # its own (the test): done after two scans in a row that found nothing alive and reaped
+        # nothing (the second starts after every exit the first saw, so it sees their orphans).
+        quiet = quiet + 1 if not pids and not reaped else 0
+        if quiet >= 2:
             return gone
-        time.sleep(0.0005)
+        if pids:
+            time.sleep(0.0005)
     return gone
 
 
@@ -307,9 +316,11 @@ def run(starter, cwd, data, cpu, memory_mb, wall, out_cap, err_cap, spare=(), me
     err_r, err_w = os.pipe()
     base = reaped_cpu()
     # The meter (``judge/meter.py``): CPU of every process of the test, also those the kernel reaped
-    # by itself, less what this runner, its helpers and PID 1 used meanwhile; memory outside any
-    # address space (memfd, tmpfs, shared memory) less this runner's own growth.
-    share = MeterShare((os.getpid(), 1) + tuple(spare))
+    # by itself, less what this runner used meanwhile (the warm interpreter's fork of the test and
+    # PID 1's rare look at the exec's budget, a millisecond or so, count against the test: reading
+    # their times too cost a fifth of a short Python test); memory outside any address space
+    # (memfd, tmpfs, shared memory) less this runner's own growth.
+    share = MeterShare((), mine=True)
     memory_base = meter_memory() if share.base is not None else None
     own_base = meter_own_memory() if memory_base is not None else 0
     start = time.monotonic()
@@ -394,8 +405,6 @@ def run(starter, cwd, data, cpu, memory_mb, wall, out_cap, err_cap, spare=(), me
                 why = "TLE"
                 break
     seen = tree_cpu()
-    if memory_over() and why is None:
-        why = "MLE"  # the last allocation before the end
     if kill_all(spare) and hasattr(starter, "reaped"):
         starter.reaped()
     if status is None:

@@ -30,8 +30,9 @@ import time
 
 MARKER = "@@trl-sandbox-verdict@@"
 MAX_LATE = 2  # time limits after which a program's remaining tests are not run
-# MB a runtime that bounds its own heap by a flag holds beside it where its language names no
-# ``runtime_mb`` (a plugin's): the meter's bound for its tests is the row's limit plus this.
+# MB a runtime that bounds its own heap by a flag holds beside it (code, metadata, the collector's
+# tables; measured: a JVM 17, V8 8, Go 5 at start): the meter's bound for its tests is the row's
+# limit plus this.
 RUNTIME_MB = 64
 
 if "run" not in globals():
@@ -167,13 +168,13 @@ class Runner:
         memory = int(test.get("memory_mb") or p["memory_mb"])
         argv = [a.replace("{memory_mb}", str(memory)) for a in lang["run"]]
         mode = lang.get("memory", "as")
-        # A runtime that bounds its heap by a flag holds its own memory beside it (code, metadata,
-        # stacks): its writable memory (RLIMIT_DATA) and its memory on the meter may be that much more.
-        runtime = int(lang["runtime_mb"]) if lang.get("runtime_mb") is not None else RUNTIME_MB
-        data_mb = memory + runtime if mode == "flag" and lang.get("runtime_mb") is not None else 0
+        # A runtime that bounds its heap by a flag writes more than it holds (thread stacks it never
+        # touches, a heap committed up front): its writable memory (RLIMIT_DATA) may be its
+        # ``runtime_mb`` more than the row's limit, what it holds on the meter RUNTIME_MB more.
+        data_mb = memory + int(lang["runtime_mb"]) if mode == "flag" and lang.get("runtime_mb") is not None else 0
         got = self.contained(argv, files, test["input"].encode("utf-8", "surrogateescape"), limit,
                              memory if mode == "as" else 0, max(limit * 2, limit + 1.0), 2 * len(want) + (64 << 10),
-                             lang.get("env"), self.warm, data_mb, memory + (runtime if mode == "flag" else 0))
+                             lang.get("env"), self.warm, data_mb, memory + (RUNTIME_MB if mode == "flag" else 0))
         verdict = {"cpu": round(got["cpu"], 4)}
         if got.get("memory") is not None:
             verdict["mb"] = round(got["memory"] / (1 << 20), 1)

@@ -20,10 +20,15 @@ METER_DIR = "/run/trl-sandbox-meter"
 # cgroup v2 ``cpu.stat`` (``usage_usec N``), v1 ``cpuacct.usage`` (nanoseconds).
 METER_CPU_FILES = ("cpu.stat", "cpuacct.usage")
 METER_MEMORY_FILE = "memory.stat"
-# Memory a process holds that no other process shares: anonymous pages (v2 ``anon``, v1 ``rss``)
-# and shared memory (tmpfs, memfd, SysV: ``shmem`` in both). Page cache of files read (libraries,
-# a JVM's modules) is left out: it is charged to whoever touched it first, not to who uses it.
+# cgroup v1 keeps kernel memory (socket and pipe buffers, page tables, stacks, slab) apart.
+METER_KMEM_FILE = "memory.kmem.usage_in_bytes"
+# Memory a program holds: anonymous pages (v2 ``anon``, v1 ``rss``), shared memory (tmpfs, memfd,
+# SysV: ``shmem`` in both) and the kernel's memory on its behalf (v2's own lines; v1's kmem file):
+# a socket's buffers can hold a gigabyte no address space shows. Page cache of files read
+# (libraries, a JVM's modules) is left out: it is charged to whoever touched it first, not to who
+# uses it.
 METER_MEMORY_KEYS = (b"anon", b"rss", b"shmem", b"total_rss", b"total_shmem")
+METER_KERNEL_KEYS = (b"kernel_stack", b"pagetables", b"slab_unreclaimable", b"sock")
 
 
 def _meter_read(name):
@@ -64,20 +69,27 @@ def meter_memory():
     text = _meter_read(METER_MEMORY_FILE)
     if text is None:
         return None
-    found = {}
+    found, kernel = {}, 0
     for line in text.splitlines():
         key, _, value = line.partition(b" ")
-        if key in METER_MEMORY_KEYS:
+        if key in METER_MEMORY_KEYS or key in METER_KERNEL_KEYS:
             try:
                 found[key] = int(value)
             except ValueError:
                 return None
+            if key in METER_KERNEL_KEYS:
+                kernel += found[key]
+    if b"anon" in found:  # v2
+        return found[b"anon"] + found.get(b"shmem", 0) + kernel
+    kmem = _meter_read(METER_KMEM_FILE)  # v1
+    try:
+        kernel = int(kmem) if kmem is not None else 0
+    except ValueError:
+        kernel = 0
     if b"total_rss" in found:
-        return found[b"total_rss"] + found.get(b"total_shmem", 0)
-    if b"anon" in found:
-        return found[b"anon"] + found.get(b"shmem", 0)
+        return found[b"total_rss"] + found.get(b"total_shmem", 0) + kernel
     if b"rss" in found:
-        return found[b"rss"] + found.get(b"shmem", 0)
+        return found[b"rss"] + found.get(b"shmem", 0) + kernel
     return None
 
 
@@ -144,14 +156,17 @@ def meter_own_memory():
 
 
 class MeterShare:
-    """The CPU a part of the sandbox used since this was made: the group's growth less the
-    processes ``others`` (helpers that outlive the part: a judge, PID 1, a forker) used meanwhile.
+    """The CPU a part of the sandbox used since this was made: the group's growth less what this
+    process (with ``mine``: its own rusage, one call) and the processes ``others`` (helpers that
+    outlive the part: a judge, PID 1, a forker; their threads' ``schedstat``) used meanwhile.
     ``used()`` is None without a meter."""
 
-    def __init__(self, others):
-        self.others = tuple(others)
+    def __init__(self, others, mine=False):
+        self.others, self.mine = tuple(others), mine
         self.base = meter_cpu()
-        self.theirs = [meter_own_cpu(pid) for pid in self.others] if self.base is not None else []
+        if self.base is not None:
+            self.theirs = [meter_own_cpu(pid) for pid in self.others]
+            self.my_base = _meter_self() if mine else 0.0
 
     def used(self):
         if self.base is None:
@@ -160,4 +175,13 @@ class MeterShare:
         if now is None:
             return None
         theirs = sum(max(0.0, meter_own_cpu(pid) - then) for pid, then in zip(self.others, self.theirs))
+        if self.mine:
+            theirs += max(0.0, _meter_self() - self.my_base)
         return max(0.0, now - self.base - theirs)
+
+
+def _meter_self():
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime

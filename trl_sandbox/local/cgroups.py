@@ -151,7 +151,7 @@ class SandboxGroup:
         (``judge/meter.py``): programs' CPU and memory are counted where nothing can hide them."""
         owner, found = self.owner, []
         for controller, name in (("cpu", "cpu.stat") if owner.version == 2 else ("cpuacct", "cpuacct.usage"),
-                                 ("memory", "memory.stat")):
+                                 ("memory", "memory.stat"), ("memory", "memory.kmem.usage_in_bytes")):
             base = owner.bases.get(controller)
             path = next((os.path.join(d, name) for d in self.dirs if base and d.startswith(base + "/")), None)
             if path is not None and os.path.exists(path):
