@@ -1,0 +1,98 @@
+"""Issue 36's hostile programs against the Daytona provider's clean leases (the conformance kit's
+``attacks``), on the fake whose every sandbox is a container of its own with the service's API on
+its loopback, as the toolbox daemon is on Daytona. Each attack next to its control."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+import pytest
+
+pytest.register_assert_rewrite("trl_sandbox.plugins.testing")
+
+from daytona_fake import API_KEY, FakeDaytona  # noqa: E402
+
+from trl_sandbox.plugins import make_provider  # noqa: E402
+from trl_sandbox.plugins.testing import attacks  # noqa: E402
+
+MODES = [("auto", True), ("auto", False), ("sweep", False)]
+
+
+@pytest.fixture
+def fake():
+    server = FakeDaytona().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def provider(fake, tmp_path):
+    def build(**settings):
+        settings = {"api_key": API_KEY, "api_url": fake.api_url, "work_dir": f"{tmp_path}/{{id}}", **settings}
+        return make_provider("daytona", settings)
+
+    return build
+
+
+def _port(fake) -> int:
+    return urlsplit(fake.api_url).port
+
+
+@pytest.mark.parametrize("resident", [True, False])
+def test_the_daemons_loopback_is_out_of_reach(fake, provider, resident):
+    attacks.check_the_daemons_loopback_is_out_of_reach(lambda: provider(resident_launcher=resident), _port(fake))
+
+
+def test_positive_control_without_the_network_namespace_a_program_reaches_the_daemon(fake, provider):
+    with attacks.without_defence("network"), pytest.raises(AssertionError, match="reached"):
+        attacks.check_the_daemons_loopback_is_out_of_reach(lambda: provider(resident_launcher=False), _port(fake))
+
+
+@pytest.mark.parametrize(("isolation", "resident"), MODES)
+def test_the_lease_init_ignores_what_a_program_sends(provider, isolation, resident):
+    attacks.check_the_lease_init_ignores_what_a_program_sends(
+        lambda: provider(isolation=isolation, resident_launcher=resident))
+
+
+def test_positive_control_an_init_with_pythons_handlers_dies_of_sigint(provider):
+    with attacks.without_defence("signals"), pytest.raises(Exception):  # noqa: B017 - lost sandbox or wrong result
+        attacks.check_the_lease_init_ignores_what_a_program_sends(lambda: provider(resident_launcher=False))
+
+
+@pytest.mark.parametrize("resident", [True, False])
+def test_the_kernel_stays_out_of_reach(provider, resident):
+    attacks.check_the_kernel_stays_out_of_reach(lambda: provider(resident_launcher=resident))
+
+
+def test_positive_control_without_a_read_only_proc_sys_a_program_writes_the_hostname(provider):
+    with attacks.without_defence("proc"), pytest.raises(AssertionError, match="opened"):
+        attacks.check_the_kernel_stays_out_of_reach(lambda: provider(resident_launcher=False))
+
+
+@pytest.mark.parametrize("resident", [True, False])
+def test_ipc_objects_and_keys_die_with_the_lease(provider, resident):
+    attacks.check_ipc_objects_and_keys_die_with_the_lease(lambda: provider(resident_launcher=resident))
+
+
+def test_positive_control_without_the_launcher_ipc_objects_survive(provider):
+    with pytest.raises(AssertionError, match="True"):
+        attacks.check_ipc_objects_and_keys_die_with_the_lease(lambda: provider(clean_leases=False))
+
+
+@pytest.mark.parametrize(("isolation", "resident"), MODES)
+def test_the_next_lease_survives_a_broken_path(provider, isolation, resident):
+    attacks.check_the_next_lease_survives_a_broken_path(lambda: provider(isolation=isolation, resident_launcher=resident))
+
+
+def test_output_is_bounded_in_the_sandbox(provider):
+    attacks.check_output_is_bounded_in_the_sandbox(provider)
+
+
+@pytest.mark.parametrize(("isolation", "resident"), MODES)
+def test_file_operations_stay_in_the_work_dir(provider, isolation, resident):
+    attacks.check_file_operations_stay_in_the_work_dir(lambda: provider(isolation=isolation, resident_launcher=resident))
+
+
+def test_positive_control_without_the_launcher_the_daemon_follows_a_planted_link(provider):
+    with pytest.raises(AssertionError, match="not refused: .*'done'"):
+        attacks.check_file_operations_stay_in_the_work_dir(lambda: provider(clean_leases=False))
