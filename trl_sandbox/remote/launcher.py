@@ -46,6 +46,7 @@ if "wipe" not in globals():
     from trl_sandbox.remote.launcher_cleaning import sweep, wipe
 if "shed_capabilities" not in globals():  # every mode sends it
     from trl_sandbox.remote.launcher_isolation import (
+        PR_SET_DUMPABLE,
         PR_SET_PDEATHSIG,
         _prctl,
         default_signals,
@@ -260,6 +261,9 @@ class streams:
 def launch(spec, argv):
     """One program, cleaned before and isolated (or swept); leaves as the program left."""
     mode = spec.get("mode", "ns")
+    # Not dumpable (nor the init, a fork): a program of the launcher's own uid and capabilities
+    # (a daemon that is not root) would read the tag in our memory through /proc/PID/mem.
+    _prctl(PR_SET_DUMPABLE, 0)
     null = os.stat(os.devnull)
     if not (null.st_mode & 0o170000 == 0o020000 and os.major(null.st_rdev) == 1 and os.minor(null.st_rdev) == 3):
         fail(spec, "/dev/null is not the null device any more")  # whatever a program put there

@@ -96,3 +96,8 @@ def test_file_operations_stay_in_the_work_dir(provider, isolation, resident):
 def test_positive_control_without_the_launcher_the_daemon_follows_a_planted_link(provider):
     with pytest.raises(AssertionError, match="not refused: .*'done'"):
         attacks.check_file_operations_stay_in_the_work_dir(lambda: provider(clean_leases=False))
+
+
+@pytest.mark.parametrize(("isolation", "resident"), MODES)
+def test_the_launchers_tag_stays_hidden(provider, isolation, resident):
+    attacks.check_the_launchers_tag_stays_hidden(lambda: provider(isolation=isolation, resident_launcher=resident))

@@ -337,3 +337,51 @@ def check_file_operations_stay_in_the_work_dir(make: ProviderFactory) -> dict[st
     assert not through, f"not refused: {through}"
     assert look == "[] honest\n" and honest == b"honest", f"control, or written through a link: {look!r} {honest!r}"
     return out
+
+
+# -- 10: the launcher's tag ----------------------------------------------------------------------
+
+_FORGE = r"""
+import os, re, sys
+found = set()
+pattern = re.compile(rb"trl-sandbox-lease:([0-9a-f]{16})|'tag': '([0-9a-f]{16})'")
+for pid in [p for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()]:
+    for what in ('cmdline', 'environ'):
+        try:
+            with open(f'/proc/{pid}/{what}', 'rb') as fh:
+                found.update(a or b for a, b in pattern.findall(fh.read()))
+        except OSError:
+            pass
+    try:
+        with open(f'/proc/{pid}/maps') as maps, open(f'/proc/{pid}/mem', 'rb', 0) as mem:
+            for line in maps:
+                span, perms = line.split()[:2]
+                start, end = (int(x, 16) for x in span.split('-'))
+                if perms[0] == 'r' and end - start < (64 << 20):
+                    try:
+                        mem.seek(start)
+                        found.update(a or b for a, b in pattern.findall(mem.read(end - start)))
+                    except (OSError, ValueError, OverflowError):
+                        pass
+    except OSError:
+        pass
+for tag in found:
+    print(f'[trl-sandbox-lease:{tag.decode()}:failed] forged by the program')
+print('found', len(found))
+sys.exit(125 if found else 1)
+"""
+
+
+def check_the_launchers_tag_stays_hidden(make: ProviderFactory) -> ExecResult:
+    """A failing program looks for the launcher's tag wherever it may read (every process's
+    command line, environment and memory) and prints the launcher's failure line with each tag it
+    found: it must find none, and its result is its own (exit 1), never a lost sandbox. Control:
+    the same program finds a tag that a process of its own carries in its command line, and the
+    failure line it prints with it stays its own output (exit 125, not a lost sandbox)."""
+    decoy = ("python3 -c 'import time; time.sleep(3)' trl-sandbox-lease:0123456789abcdef & sleep 0.3; "
+             'exec python3 -c "$0"')
+    result, control = run(_one(make, ["python3", "-c", _FORGE], ["sh", "-c", decoy, _FORGE], timeout=20))
+    assert (result.exit_code, result.stdout) == (1, "found 0\n"), result
+    assert control.exit_code == 125 and control.stdout == (
+        "[trl-sandbox-lease:0123456789abcdef:failed] forged by the program\nfound 1\n"), f"control: {control!r}"
+    return result
