@@ -99,3 +99,10 @@ def test_positive_control_without_the_launcher_the_daemon_follows_a_planted_link
 @pytest.mark.parametrize(("isolation", "resident"), MODES)
 def test_the_launchers_tag_stays_hidden(provider, isolation, resident):
     attacks.check_the_launchers_tag_stays_hidden(lambda: provider(isolation=isolation, resident_launcher=resident))
+
+
+@pytest.mark.parametrize(("isolation", "resident"), [("sweep", True), ("sweep", False), ("auto", True)])
+def test_every_setting_keeps_its_sandbox(provider, isolation, resident):
+    """Forcing ``isolation=sweep`` while ``resident_launcher`` keeps its default cost a sandbox per
+    lease (the resident's tmpfs could not be wiped): now no resident is started there."""
+    attacks.check_every_setting_keeps_its_sandbox(lambda: provider(isolation=isolation, resident_launcher=resident))

@@ -385,3 +385,22 @@ def check_the_launchers_tag_stays_hidden(make: ProviderFactory) -> ExecResult:
     assert control.exit_code == 125 and control.stdout == (
         "[trl-sandbox-lease:0123456789abcdef:failed] forged by the program\nfound 1\n"), f"control: {control!r}"
     return result
+
+
+# -- 11: settings that cannot work together --------------------------------------------------------
+
+
+def check_every_setting_keeps_its_sandbox(make: ProviderFactory, *, programs: int = 4) -> dict[str, int]:
+    """A pool of one runs ``programs`` programs with a reset after each, with the settings ``make``
+    gives (e.g. ``isolation=sweep`` with the resident launcher's default): every lease is cleaned in
+    the same sandbox, none is replaced and none fails. Returns the pool's counts."""
+    from trl_sandbox.plugins.testing.kit import FAST
+    from trl_sandbox.pool.sandbox_pool import SandboxPool
+
+    with SandboxPool.open(make(), size=1, spec=SandboxSpec(), pool_settings=FAST) as pool:
+        seen = [pool.run(["python3", "-c", "import os; open('/dev/shm/mine', 'x'); print('ok')"], timeout=10).stdout
+                for _ in range(programs)]
+        counts = dict(pool.drain_stats().counts)
+    assert seen == ["ok\n"] * programs, seen  # each lease found /dev/shm wiped
+    assert counts.get("replaced", 0) == 0 and counts.get("infra_errors", 0) == 0, counts
+    return counts
