@@ -46,8 +46,11 @@ def walk(fd, parts):
 
 
 def regular(fd):
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        raise OSError(21 if stat.S_ISDIR(os.fstat(fd).st_mode) else 22, 'not a regular file')
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        raise OSError(21 if stat.S_ISDIR(info.st_mode) else 22, 'not a regular file')
+    if info.st_nlink > 1:  # a hard link a program made to a file elsewhere (where the image allows it)
+        raise OSError(31, 'a file with other links')
     os.set_blocking(fd, True)
     return fd
 

@@ -224,18 +224,22 @@ class streams:
 
     def wait(self, event=None, done=lambda: True, limit=None):
         """Copy until ``done()`` and, after it, until both streams end (their writers are all gone
-        once the program and what it left are; at most ``limit`` seconds more). ``event``: a
-        descriptor that wakes us for ``done``."""
+        once the program and what it left are), for at most ``limit`` seconds more however much a
+        writer that outlived the program still writes. ``event``: a descriptor that wakes us for
+        ``done``."""
         import select
+        import time
 
-        finished = done()
+        finished, end = done(), None
         while self.open or not finished:
+            if finished and end is None:
+                end = time.monotonic() + (limit or 0)
             watch = list(self.open)
             if event is not None and not finished:
                 watch.append(event)
-            wait_s = limit if finished else (None if event is not None else 0.01)
+            wait_s = max(0, end - time.monotonic()) if finished else (None if event is not None else 0.01)
             ready = select.select(watch, [], [], wait_s)[0]
-            if finished and not ready:
+            if finished and (not ready or time.monotonic() > end):
                 break  # a writer outlived the program's end by ``limit``: stop copying
             for read in ready:
                 if read in self.open:
@@ -258,12 +262,17 @@ class streams:
                 chunk = b""  # the reader is gone: read on, drop
 
 
+def hide_memory():
+    """Not dumpable (nor the init, a fork): a program of the launcher's own uid and capabilities
+    (a daemon that is not root) would read the tag in our memory through ``/proc/PID/mem``."""
+    _prctl(PR_SET_DUMPABLE, 0)
+
+
 def launch(spec, argv):
     """One program, cleaned before and isolated (or swept); leaves as the program left."""
     mode = spec.get("mode", "ns")
-    # Not dumpable (nor the init, a fork): a program of the launcher's own uid and capabilities
-    # (a daemon that is not root) would read the tag in our memory through /proc/PID/mem.
-    _prctl(PR_SET_DUMPABLE, 0)
+    if mode == "sweep":
+        hide_memory()
     null = os.stat(os.devnull)
     if not (null.st_mode & 0o170000 == 0o020000 and os.major(null.st_rdev) == 1 and os.minor(null.st_rdev) == 3):
         fail(spec, "/dev/null is not the null device any more")  # whatever a program put there
@@ -333,6 +342,7 @@ def launch(spec, argv):
         enter_namespaces()
     except OSError as exc:
         fail(spec, f"the image refused a PID namespace: {exc}")
+    hide_memory()  # after: a process that is not dumpable may not write its own uid_map
     alive_read, alive_write = os.pipe()
     report_read, report_write = os.pipe()
     os.set_blocking(alive_read, False)

@@ -95,7 +95,7 @@ def test_file_operations_stay_in_the_work_dir(provider, isolation, resident):
 
 def test_positive_control_without_the_launcher_the_daemon_follows_a_planted_link(provider):
     with pytest.raises(AssertionError, match="not refused: .*'done'"):
-        attacks.check_file_operations_stay_in_the_work_dir(lambda: provider(clean_leases=False))
+        attacks.check_file_operations_stay_in_the_work_dir(lambda: provider(clean_leases=False), fifo=False)
 
 
 @pytest.mark.parametrize(("isolation", "resident"), MODES)
@@ -108,3 +108,23 @@ def test_every_setting_keeps_its_sandbox(provider, isolation, resident):
     """Forcing ``isolation=sweep`` while ``resident_launcher`` keeps its default cost a sandbox per
     lease (the resident's tmpfs could not be wiped): now no resident is started there."""
     attacks.check_every_setting_keeps_its_sandbox(lambda: provider(isolation=isolation, resident_launcher=resident))
+
+
+@pytest.mark.parametrize(("isolation", "resident"), MODES)
+def test_a_writer_that_outlives_the_program(provider, isolation, resident):
+    attacks.check_a_writer_that_outlives_the_program(lambda: provider(isolation=isolation, resident_launcher=resident))
+
+
+@pytest.fixture
+def outside(fake):
+    return lambda sandbox_id, argv: fake.sandboxes[sandbox_id].container.run_outside(argv)
+
+
+@pytest.mark.parametrize("resident", [True, False])
+def test_a_daemon_in_the_sandbox_is_out_of_reach(provider, outside, resident):
+    attacks.check_a_daemon_in_the_sandbox_is_out_of_reach(lambda: provider(resident_launcher=resident), outside)
+
+
+def test_positive_control_without_the_network_namespace_a_program_reaches_the_daemon_in_the_sandbox(provider, outside):
+    with attacks.without_defence("network"), pytest.raises(AssertionError, match="daemon daemon"):
+        attacks.check_a_daemon_in_the_sandbox_is_out_of_reach(lambda: provider(resident_launcher=False), outside)

@@ -290,7 +290,9 @@ class DaytonaSandbox:
             if lease is not None and lease.reset_due:
                 await self._flush_reset()  # the reset would empty the work dir after the upload
             # Byte-exact stdin: upload it; the script opens it as the program's stdin and unlinks it.
-            stdin_path = posixpath.join(self.work_dir, f".trl-sandbox-stdin-{uuid.uuid4().hex}")
+            # With the launcher in /tmp itself: no link a program left in the work dir's path is followed.
+            stdin_path = posixpath.join("/tmp" if lease is not None else self.work_dir,
+                                        f".trl-sandbox-stdin-{uuid.uuid4().hex}")
             await self._upload(bytes(stdin), stdin_path, "uploading stdin")
         # With the launcher, in /tmp itself (no lease can replace it: a mount point in a program's
         # namespace), made new and unlinked before the launcher starts (``split_streams_script``).

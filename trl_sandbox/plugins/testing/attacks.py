@@ -12,8 +12,8 @@ import contextlib
 import json
 from collections.abc import Iterator
 
-from trl_sandbox.plugins.testing.kit import ProviderFactory, closing, run
-from trl_sandbox.sandbox import ExecResult, ResourceLimits, SandboxSpec
+from trl_sandbox.plugins.testing.kit import ProviderFactory, closing, run, run_programs
+from trl_sandbox.sandbox import ExecResult, SandboxSpec
 
 # What ``without_defence`` takes out of the launcher's text (only where no resident serves the
 # execs: a resident runs the text it was started with).
@@ -44,22 +44,6 @@ def without_defence(name: str) -> Iterator[None]:
         lease.SOURCES.update(saved)
 
 
-async def _one(make: ProviderFactory, *programs: list[str], spec: SandboxSpec | None = None,
-               timeout: float = 10, reset: bool = True) -> list[ExecResult]:
-    p = make()
-
-    async def go() -> list[ExecResult]:
-        sandbox = await p.create(spec or SandboxSpec())
-        out = []
-        for argv in programs:
-            out.append(await sandbox.exec(argv, timeout=timeout))
-            if reset:
-                await sandbox.reset()
-        return out
-
-    return await closing(p, go())
-
-
 # -- 2: the daemon's loopback --------------------------------------------------------------------
 
 _REACH = r"""
@@ -85,12 +69,81 @@ def check_the_daemons_loopback_is_out_of_reach(make: ProviderFactory, port: int)
     works. Control: with ``SandboxSpec(network=True)`` the same program reaches the daemon (the
     target is real)."""
     argv = ["python3", "-c", _REACH, str(port)]
-    (closed,) = run(_one(make, argv))
-    (opened,) = run(_one(make, argv, spec=SandboxSpec(network=True)))
+    (closed,) = run(run_programs(make, argv))
+    (opened,) = run(run_programs(make, argv, spec=SandboxSpec(network=True)))
     assert closed.exit_code == 0 and closed.stdout.startswith("refused") and closed.stdout.endswith(
         "own loopback\n"), closed
     assert opened.exit_code == 0 and opened.stdout == "reached\nown loopback\n", f"control: {opened!r}"
     return {"closed": closed, "opened": opened}
+
+
+_DAEMON = r"""
+import os, socket, sys
+name, port = sys.argv[1].encode(), int(sys.argv[2])
+ready_r, ready_w = os.pipe()
+if os.fork() == 0:
+    os.setsid()
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    servers = [socket.socket(socket.AF_UNIX), socket.socket()]
+    servers[0].bind(b'\0' + name)
+    servers[1].setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    servers[1].bind(('127.0.0.1', port))
+    for server in servers:
+        server.listen(8)
+        server.settimeout(0.05)
+    os.write(ready_w, b'1')
+    import time
+    end = time.monotonic() + 30
+    while time.monotonic() < end:
+        for server in servers:
+            try:
+                peer, _ = server.accept()
+                peer.sendall(b'daemon')
+                peer.close()
+            except OSError:
+                pass
+    os._exit(0)
+os.read(ready_r, 1)
+print('ready')
+"""
+_CALL = r"""
+import socket, sys
+out = []
+for family, address in ((socket.AF_UNIX, b'\0' + sys.argv[1].encode()), (socket.AF_INET, ('127.0.0.1', int(sys.argv[2])))):
+    s = socket.socket(family)
+    s.settimeout(2)
+    try:
+        s.connect(address)
+        out.append(s.recv(16).decode())
+    except OSError as exc:
+        out.append(type(exc).__name__)
+print(' '.join(out))
+"""
+
+
+def check_a_daemon_in_the_sandbox_is_out_of_reach(make: ProviderFactory, outside) -> tuple[str, ExecResult]:
+    """A daemon that the service runs inside the sandbox, outside every lease (as Daytona's
+    toolbox daemon is), listening on an abstract Unix socket and on the sandbox's loopback: a
+    program without network reaches neither. Control: a process outside the leases reaches both.
+    ``outside(sandbox_id, argv)`` as for ``check_the_resident_launcher``; namespaces only (a sweep
+    would kill the daemon)."""
+    import secrets
+
+    name, port = "trl-daemon-" + secrets.token_hex(4), 20000 + secrets.randbelow(20000)
+    p = make()
+
+    async def go() -> tuple[str, ExecResult]:
+        sandbox = await p.create(SandboxSpec())
+        assert outside(sandbox.id, ["python3", "-c", _DAEMON, name, str(port)]).strip() == "ready"
+        control = outside(sandbox.id, ["python3", "-c", _CALL, name, str(port)])
+        return control, await sandbox.exec(["python3", "-c", _CALL, name, str(port)], timeout=10)
+
+    control, result = run(closing(p, go()))
+    assert control == "daemon daemon\n", f"control: {control!r}"
+    assert result.exit_code == 0 and "daemon" not in result.stdout, result
+    return control, result
 
 
 # -- 4: the lease init's signals -----------------------------------------------------------------
@@ -117,7 +170,7 @@ def check_the_lease_init_ignores_what_a_program_sends(make: ProviderFactory) -> 
     (``kill -INT 1`` from an agent's shell): its result stays its own failure, neither a lost
     sandbox (``SandboxGoneError``) nor a forged ``timeout`` (SIGALRM). Control: a program that
     really runs past its limit is a timeout."""
-    attack, slow = run(_one(make, ["python3", "-c", _SIGNAL_INIT], ["sleep", "5"], timeout=2))
+    attack, slow = run(run_programs(make, ["python3", "-c", _SIGNAL_INIT], ["sleep", "5"], timeout=2))
     assert (attack.exit_code, attack.stdout, attack.timed_out) == (1, "wrong answer True\n", False), attack
     assert slow.timed_out and slow.exit_code is None, f"control: {slow!r}"
     return [attack, slow]
@@ -150,7 +203,7 @@ def check_the_kernel_stays_out_of_reach(make: ProviderFactory) -> list[ExecResul
     for writing (``/proc/sys`` read-only: ``core_pattern`` opened for writing is a host-wide
     handler), and a hostname it set does not reach the next lease. Control: the next lease
     reads its hostname (it has one)."""
-    attack, after = run(_one(make, ["python3", "-c", _KERNEL], ["python3", "-c", _KERNEL]))
+    attack, after = run(run_programs(make, ["python3", "-c", _KERNEL], ["python3", "-c", _KERNEL]))
     first, second = json.loads(attack.stdout), json.loads(after.stdout)
     assert all(v != "opened" for k, v in first.items() if k != "hostname"), first
     assert second["hostname"] and second["hostname"] != "pwned-lease", second
@@ -185,222 +238,20 @@ print(json.dumps(out))
 def check_ipc_objects_and_keys_die_with_the_lease(make: ProviderFactory) -> list[ExecResult]:
     """A program leaves SysV shared memory, a POSIX message queue and a key in its user keyring;
     the next lease finds none of them. Control: the attacker made each (the kernel allowed it)."""
-    made, found = run(_one(make, ["python3", "-c", _IPC, "make"], ["python3", "-c", _IPC, "find"]))
+    made, found = run(run_programs(make, ["python3", "-c", _IPC, "make"], ["python3", "-c", _IPC, "find"]))
     made_report, found_report = json.loads(made.stdout), json.loads(found.stdout)
     assert made_report["shm"] and made_report["mq"], f"control: {made_report}"
     assert found_report == {k: False for k in found_report}, found_report
     return [made, found]
 
 
-# -- 1 and 5: the shell's own path around the launcher -------------------------------------------
-
-_BREAK_PATH = r"""
-import os, stat, sys, time
-parent = os.path.dirname(os.getcwd())
-os.rename(parent, parent + '.gone')
-with open(parent, 'w') as fh:
-    fh.write('not a directory')
-fifos = 0
-for _ in range(20):  # every launcher file in reach, now or while we run, becomes a FIFO
-    for d in ('/tmp', '/var/tmp', '/dev/shm', parent + '.gone'):
-        try:
-            names = os.listdir(d)
-        except OSError:
-            continue
-        for name in names:
-            path = os.path.join(d, name)
-            if name.startswith('.trl') and not stat.S_ISFIFO(os.lstat(path).st_mode):
-                try:
-                    os.rename(path, path + '.x')
-                    os.mkfifo(path)
-                    fifos += 1
-                except OSError:
-                    pass
-    time.sleep(0.02)
-print('broke', file=sys.stderr)
-print('left')
-"""
-_HONEST = "import sys; print(sys.stdin.read()[::-1]); print('to stderr', file=sys.stderr)"
-
-
-def check_the_next_lease_survives_a_broken_path(make: ProviderFactory) -> list[ExecResult]:
-    """A program moves its work directory's parent away and leaves a file in its place, and turns
-    every launcher file it finds into a FIFO: its own exec still ends (no hang), and the next
-    program on that sandbox, after the reset, gets exactly its own result (stdout, stderr, stdin).
-    The positive control is that next program: before the fix it scored ``error`` there for the
-    sandbox's whole life."""
-    p = make()
-
-    async def go() -> list[ExecResult]:
-        sandbox = await p.create(SandboxSpec())
-        out = [await sandbox.exec(["python3", "-c", _BREAK_PATH], timeout=5)]
-        await sandbox.reset()
-        out.append(await sandbox.exec(["python3", "-c", _HONEST], stdin="olleh", timeout=5))
-        out.append(await sandbox.exec(["python3", "-c", _HONEST], stdin="olleh", timeout=5))
-        return out
-
-    attack, *honest = run(closing(p, go()))
-    assert (attack.exit_code, attack.stdout, attack.stderr) == (0, "left\n", "broke\n"), attack
-    for result in honest:
-        assert (result.exit_code, result.stdout, result.stderr) == (0, "hello\n", "to stderr\n"), result
-    return [attack, *honest]
-
-
-# -- 8 and 9: output without end, output past the file-size limit -------------------------------
-
-_FLOOD = r"""
-import os, sys
-n = int(sys.argv[1])
-block = b'x' * (1 << 20)
-for _ in range(n):
-    os.write(1, block)
-    os.write(2, block)
-"""
-
-
-def check_output_is_bounded_in_the_sandbox(make: ProviderFactory, *, mib: int = 48) -> list[ExecResult]:
-    """A program writes ``mib`` MiB to each stream under a 1 MiB output cap and a 2 MiB file-size
-    limit: it runs to its end (its stderr never counts against its own file-size limit), each
-    stream comes back cut at the cap and marked truncated. Controls: 3 MiB of stderr under a 16
-    MiB cap come back whole although the file-size limit is 2 MiB, and that limit holds for a file
-    the program writes itself."""
-    limits = ResourceLimits(output_bytes=1 << 20, file_size_mb=2)
-    flood, = run(_one(make, ["python3", "-c", _FLOOD, str(mib)], spec=SandboxSpec(limits=limits), timeout=30))
-    assert flood.exit_code == 0 and flood.truncated, (flood.exit_code, flood.truncated, flood.stderr[-200:])
-    assert len(flood.stdout) == len(flood.stderr) == 1 << 20, (len(flood.stdout), len(flood.stderr))
-    whole = ResourceLimits(file_size_mb=2)
-    file_write = "open('big', 'wb').write(b'x' * (3 << 20))"
-    loud, capped = run(_one(make, ["python3", "-c", "import sys; sys.stderr.write('e' * (3 << 20))"],
-                            ["python3", "-c", file_write], spec=SandboxSpec(limits=whole)))
-    assert loud.exit_code == 0 and loud.stderr == "e" * (3 << 20) and not loud.truncated, (
-        loud.exit_code, len(loud.stderr), loud.stdout[-300:])
-    assert capped.exit_code != 0, f"control: the file-size limit did not hold: {capped!r}"
-    return [flood, loud, capped]
-
-
-# -- 6: file operations --------------------------------------------------------------------------
-
-_PLANT = r"""
-import os
-for target, name in (('/dev/shm', 'shm'), ('/tmp', 'tmp'), ('/etc/hostname', 'host'), ('/', 'root'),
-                     ('/dev/shm/.trl-sandbox-lease/pid', 'pid')):
-    os.symlink(target, name)
-os.mkfifo('fifo')
-os.mkdir('real')
-os.symlink('../shm', 'real/up')
-print('planted')
-"""
-_LOOK = ("import os; print(sorted(n for d in ('/dev/shm', '/tmp') for n in os.listdir(d) if n.startswith('planted')),"
-         " open('sub/dir/f.txt').read())")
-
-
-def check_file_operations_stay_in_the_work_dir(make: ProviderFactory) -> dict[str, object]:
-    """``write_file``/``read_file`` refuse a path outside the work directory (``ValueError``)
-    and a symbolic link a program planted on the way (``PermissionError``): never the resident's
-    directory, ``/tmp``, ``/dev/shm`` or ``/etc`` through them, and a FIFO in the work dir neither
-    blocks nor is written. Control: an honest file in a new subdirectory is written, read back
-    and seen by a program."""
-    p = make()
-
-    async def go() -> dict[str, object]:
-        sandbox = await p.create(SandboxSpec())
-        out: dict[str, object] = {}
-        for path in ("/etc/trl-planted", "../planted", "/dev/shm/planted", "sub/../../planted"):
-            for op in ("write", "read"):
-                try:
-                    await (sandbox.write_file(path, b"x") if op == "write" else sandbox.read_file(path))
-                    out[f"{op} {path}"] = "done"
-                except ValueError:
-                    out[f"{op} {path}"] = "refused"
-        planted = await sandbox.exec(["python3", "-c", _PLANT], timeout=10)
-        assert planted.stdout == "planted\n", planted
-        for path in ("shm/planted", "tmp/planted", "pid", "root/tmp/planted", "real/up/planted", "fifo"):
-            try:
-                await sandbox.write_file(path, b"1\n")
-                out[f"write {path}"] = "done"
-            except Exception as exc:  # noqa: BLE001 - only a refusal (an OSError) passes below
-                out[f"write {path}"] = type(exc).__name__
-        for path in ("host", "pid", "root/etc/hostname", "fifo"):
-            try:
-                await sandbox.read_file(path)
-                out[f"read {path}"] = "done"
-            except Exception as exc:  # noqa: BLE001 - only a refusal (an OSError) passes below
-                out[f"read {path}"] = type(exc).__name__
-        await sandbox.write_file("sub/dir/f.txt", b"honest")
-        out["honest"] = await sandbox.read_file("sub/dir/f.txt")
-        out["look"] = (await sandbox.exec(["python3", "-c", _LOOK], timeout=10)).stdout
-        return out
-
-    out = run(closing(p, go()))
-    honest, look = out.pop("honest"), out.pop("look")
-    through = {k: v for k, v in out.items() if v not in ("refused", "PermissionError", "OSError")}
-    assert not through, f"not refused: {through}"
-    assert look == "[] honest\n" and honest == b"honest", f"control, or written through a link: {look!r} {honest!r}"
-    return out
-
-
-# -- 10: the launcher's tag ----------------------------------------------------------------------
-
-_FORGE = r"""
-import os, re, sys
-found = set()
-pattern = re.compile(rb"trl-sandbox-lease:([0-9a-f]{16})|'tag': '([0-9a-f]{16})'")
-for pid in [p for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()]:
-    for what in ('cmdline', 'environ'):
-        try:
-            with open(f'/proc/{pid}/{what}', 'rb') as fh:
-                found.update(a or b for a, b in pattern.findall(fh.read()))
-        except OSError:
-            pass
-    try:
-        with open(f'/proc/{pid}/maps') as maps, open(f'/proc/{pid}/mem', 'rb', 0) as mem:
-            for line in maps:
-                span, perms = line.split()[:2]
-                start, end = (int(x, 16) for x in span.split('-'))
-                if perms[0] == 'r' and end - start < (64 << 20):
-                    try:
-                        mem.seek(start)
-                        found.update(a or b for a, b in pattern.findall(mem.read(end - start)))
-                    except (OSError, ValueError, OverflowError):
-                        pass
-    except OSError:
-        pass
-for tag in found:
-    print(f'[trl-sandbox-lease:{tag.decode()}:failed] forged by the program')
-print('found', len(found))
-sys.exit(125 if found else 1)
-"""
-
-
-def check_the_launchers_tag_stays_hidden(make: ProviderFactory) -> ExecResult:
-    """A failing program looks for the launcher's tag wherever it may read (every process's
-    command line, environment and memory) and prints the launcher's failure line with each tag it
-    found: it must find none, and its result is its own (exit 1), never a lost sandbox. Control:
-    the same program finds a tag that a process of its own carries in its command line, and the
-    failure line it prints with it stays its own output (exit 125, not a lost sandbox)."""
-    decoy = ("python3 -c 'import time; time.sleep(3)' trl-sandbox-lease:0123456789abcdef & sleep 0.3; "
-             'exec python3 -c "$0"')
-    result, control = run(_one(make, ["python3", "-c", _FORGE], ["sh", "-c", decoy, _FORGE], timeout=20))
-    assert (result.exit_code, result.stdout) == (1, "found 0\n"), result
-    assert control.exit_code == 125 and control.stdout == (
-        "[trl-sandbox-lease:0123456789abcdef:failed] forged by the program\nfound 1\n"), f"control: {control!r}"
-    return result
-
-
-# -- 11: settings that cannot work together --------------------------------------------------------
-
-
-def check_every_setting_keeps_its_sandbox(make: ProviderFactory, *, programs: int = 4) -> dict[str, int]:
-    """A pool of one runs ``programs`` programs with a reset after each, with the settings ``make``
-    gives (e.g. ``isolation=sweep`` with the resident launcher's default): every lease is cleaned in
-    the same sandbox, none is replaced and none fails. Returns the pool's counts."""
-    from trl_sandbox.plugins.testing.kit import FAST
-    from trl_sandbox.pool.sandbox_pool import SandboxPool
-
-    with SandboxPool.open(make(), size=1, spec=SandboxSpec(), pool_settings=FAST) as pool:
-        seen = [pool.run(["python3", "-c", "import os; open('/dev/shm/mine', 'x'); print('ok')"], timeout=10).stdout
-                for _ in range(programs)]
-        counts = dict(pool.drain_stats().counts)
-    assert seen == ["ok\n"] * programs, seen  # each lease found /dev/shm wiped
-    assert counts.get("replaced", 0) == 0 and counts.get("infra_errors", 0) == 0, counts
-    return counts
+# The classes about paths, output, files, the tag and settings are in ``attacks_paths`` (in one module
+# with these they would exceed the house's length); re-exported so that every check is ``attacks.check_*``.
+from trl_sandbox.plugins.testing.attacks_paths import (  # noqa: E402, F401
+    check_a_writer_that_outlives_the_program,
+    check_every_setting_keeps_its_sandbox,
+    check_file_operations_stay_in_the_work_dir,
+    check_output_is_bounded_in_the_sandbox,
+    check_the_launchers_tag_stays_hidden,
+    check_the_next_lease_survives_a_broken_path,
+)
