@@ -43,7 +43,7 @@ import sys
 if "wipe" not in globals():
     # On the host (tests, linters) the cleaning and the resident are modules of their own. Sent to
     # a sandbox, their text runs first (``trl_sandbox.remote.lease``) and has defined these names.
-    from trl_sandbox.remote.launcher_cleaning import sweep, wipe
+    from trl_sandbox.remote.launcher_cleaning import sweep, wipe, wipe_ipc
 if "shed_capabilities" not in globals():  # every mode sends it
     from trl_sandbox.remote.launcher_isolation import (
         PR_SET_DUMPABLE,
@@ -290,6 +290,8 @@ def launch(spec, argv):
             sweep(spec.get("spare") or ())
         if spec.get("reset"):
             wipe(spec)
+            if mode == "sweep":
+                wipe_ipc(spec.get("spare_ipc") or {})
         os.makedirs(spec["work"], exist_ok=True)
         if mode == "sweep" and spec.get("uid") is not None and os.geteuid() == 0:
             os.chown(spec["work"], spec["uid"], spec["uid"])

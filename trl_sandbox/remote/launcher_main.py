@@ -11,7 +11,7 @@ import sys
 if "launch" not in globals():
     # On the host (tests, linters) the parts are modules; sent to a sandbox, their text runs first.
     from trl_sandbox.remote.launcher import launch
-    from trl_sandbox.remote.launcher_cleaning import baseline, dumps
+    from trl_sandbox.remote.launcher_cleaning import baseline, dumps, ipc_baseline
     from trl_sandbox.remote.launcher_isolation import (
         MS_NODEV,
         MS_NOEXEC,
@@ -92,7 +92,7 @@ def probe(spec):
             pass
     print(dumps({"isolation": allowed[0] if allowed else "sweep", "read_only_root": bool(allowed and allowed[1]),
                  "uid": os.geteuid(), "switch_user": can_switch, "python": sys.version.split()[0],
-                 "spare": baseline(), "resident": resident}))
+                 "spare": baseline(), "ipc": ipc_baseline(), "resident": resident}))
 
 
 def hide_argv():

@@ -42,7 +42,8 @@ log = logging.getLogger("trl_sandbox.remote.lease")
 _RESIDENT = {"start_resident", "serve", "handle", "follow", "_zombie"}
 _UNUSED = {
     "probe": set(),  # the whole launcher: the resident it leaves running serves every later exec
-    "ns": {"probe", "dumps", "baseline", "sweep", "ancestors", "pids", "start_time", *_RESIDENT},
+    "ns": {"probe", "dumps", "baseline", "sweep", "ancestors", "pids", "start_time", "ipc_baseline", "wipe_ipc",
+           *_RESIDENT},
     "sweep": {"probe", "dumps", "baseline", "enter_namespaces", "seal_filesystem", "hide_dirs", "init",
               "private_namespaces", "loopback_up", "seal_proc", *_RESIDENT},
 }
@@ -113,6 +114,8 @@ class Lease:
     read_only_root: bool = False
     switch_user: bool = False
     spare: list[list[int]] = field(default_factory=list)
+    #: The SysV IPC objects the sandbox had when it was made (by kind: ids), spared by a sweep's reset.
+    spare_ipc: dict[str, list[int]] = field(default_factory=dict)
     reset_due: bool = False
     #: The resident launcher's directory (None: every exec starts a launcher of its own).
     resident: str | None = None
@@ -136,6 +139,7 @@ class Lease:
                     read_only_root=bool(answer.get("read_only_root")),
                     switch_user=bool(answer.get("switch_user")),
                     spare=[list(map(int, p)) for p in answer.get("spare") or []],
+                    spare_ipc={str(k): [int(i) for i in v] for k, v in (answer.get("ipc") or {}).items()},
                     resident=str(answer["resident"]) if answer.get("resident") else None)
         if lease.isolation == "sweep":
             log.warning("%s sandbox %s: the image refuses PID namespaces; every program is followed (and preceded) "
@@ -169,6 +173,7 @@ class Lease:
             spec["keep"] = list(keep)
         if self.isolation == "sweep":
             spec["spare"] = self.spare
+            spec["spare_ipc"] = self.spare_ipc
             if self.switch_user:
                 spec["uid"] = SWEEP_UID
         if self.resident and spec["mode"] == "ns":

@@ -67,9 +67,18 @@ def test_positive_control_without_a_read_only_proc_sys_a_program_writes_the_host
         attacks.check_the_kernel_stays_out_of_reach(lambda: provider(resident_launcher=False))
 
 
-@pytest.mark.parametrize("resident", [True, False])
-def test_ipc_objects_and_keys_die_with_the_lease(provider, resident):
-    attacks.check_ipc_objects_and_keys_die_with_the_lease(lambda: provider(resident_launcher=resident))
+@pytest.mark.parametrize(("isolation", "resident"), MODES)
+def test_ipc_objects_and_keys_die_with_the_lease(provider, isolation, resident):
+    """``sweep``: no IPC namespace; the reset removes the SysV objects left (and the queues where
+    ``/dev/mqueue`` is mounted, which the fakes do not)."""
+    attacks.check_ipc_objects_and_keys_die_with_the_lease(
+        lambda: provider(isolation=isolation, resident_launcher=resident), queues=isolation != "sweep")
+
+
+def test_positive_control_a_sweep_without_its_ipc_wipe_leaves_shared_memory(provider):
+    with attacks.without_defence("ipc"), pytest.raises(AssertionError, match="'shm': True"):
+        attacks.check_ipc_objects_and_keys_die_with_the_lease(lambda: provider(isolation="sweep", resident_launcher=False),
+                                                              queues=False)
 
 
 def test_positive_control_without_the_launcher_ipc_objects_survive(provider):
