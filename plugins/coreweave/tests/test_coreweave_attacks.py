@@ -135,3 +135,14 @@ def test_a_daemon_in_the_sandbox_is_out_of_reach(provider, outside, resident):
 def test_positive_control_without_the_network_namespace_a_program_reaches_the_daemon_in_the_sandbox(provider, outside):
     with attacks.without_defence("network"), pytest.raises(AssertionError, match="daemon daemon"):
         attacks.check_a_daemon_in_the_sandbox_is_out_of_reach(lambda: provider(resident_launcher=False), outside)
+
+
+@pytest.mark.parametrize(("isolation", "resident"), MODES)
+def test_a_wrong_answer_that_signals_its_init_scores_failed(provider, isolation, resident):
+    attacks.check_a_wrong_answer_that_signals_its_init_scores_failed(
+        lambda: provider(isolation=isolation, resident_launcher=resident))
+
+
+def test_positive_control_with_pythons_handlers_in_the_init_the_wrong_answer_is_not_failed(provider):
+    with attacks.without_defence("signals"), pytest.raises(AssertionError, match="infra"):
+        attacks.check_a_wrong_answer_that_signals_its_init_scores_failed(lambda: provider(resident_launcher=False))

@@ -260,3 +260,36 @@ from trl_sandbox.plugins.testing.attacks_paths import (  # noqa: E402, F401
     check_the_launchers_tag_stays_hidden,
     check_the_next_lease_survives_a_broken_path,
 )
+
+_SIGNALLING_CANDIDATE = '''
+import os, signal
+for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM, signal.SIGHUP, signal.SIGUSR1):
+    for pid in (1, os.getppid()):
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+def double(x):
+    return 3 * x
+'''
+
+
+def check_a_wrong_answer_that_signals_its_init_scores_failed(make: ProviderFactory) -> list[str]:
+    """Through the public ``Scorer``: a wrong answer that first signals PID 1 of its namespace and
+    its parent (SIGINT, SIGTERM, SIGALRM, ...) scores ``failed`` (or ``error``: it may end its own
+    judge) with a reward, never ``infra`` (a ``None`` reward) nor ``timeout``; a right answer next to it scores ``passed``. Returns the
+    statuses."""
+    from trl_sandbox.plugins.testing.kit import FAST
+    from trl_sandbox.pool.sandbox_pool import SandboxPool
+    from trl_sandbox.scoring.scorer import Scorer
+
+    row = {"func_name": "double", "tests": ["1", "2"], "reference": "lambda x: 2 * x", "extract": "raw",
+           "timeout": 3.0}
+    right = "def double(x):\n    return 2 * x\n"
+    with SandboxPool.open(make(), size=1, spec=SandboxSpec(), pool_settings=FAST) as pool:
+        outcomes = Scorer(pool, cache_size=0).score([_SIGNALLING_CANDIDATE, right], [row, row])
+    statuses = [o.status for o in outcomes]
+    # ``error``: it may kill its own judge (its parent, or the process it runs in): still its own result.
+    assert statuses[0] in ("failed", "error") and statuses[1] == "passed", [(o.status, o.detail) for o in outcomes]
+    assert all(o.reward is not None for o in outcomes), outcomes
+    return statuses
