@@ -2,6 +2,7 @@
 vendors' examples use it.
 
     .venv/bin/python benchmarks/bench_remote.py [--completions 64] [--pool 16] [--seeds 1,2,3] [--rounds 1]
+    .venv/bin/python benchmarks/bench_remote.py --launcher 200   # what issue 36's isolation costs per program
 
 Against the fake Daytona of ``plugins/daytona/tests`` (the real ``daytona`` SDK on loopback; each
 fake sandbox a bubblewrap container of its own, so leftovers behave as on the service) with
@@ -189,6 +190,54 @@ def measure(way: str, n: int, size: int, seed: int | None) -> dict:
     return row
 
 
+# What issue 36 added to every lease, taken out again for the side-by-side "before" (the program's own
+# network, IPC and UTS namespaces; /proc's kernel interfaces read-only; fresh keyrings; the output
+# copied through the launcher's pipes).
+BEFORE_ISSUE_36 = (('    private_namespaces(spec.get("network"))\n', "    pass\n"),
+                   ("                private_namespaces(False)", "                pass"),
+                   ("    seal_proc()\n", "    pass\n"), ("        fresh_keyrings()\n", "        pass\n"),
+                   ("    ends = streams(spec)\n", "    ends = streams({})\n"))
+
+
+def launcher_cost(n: int) -> dict:
+    """Milliseconds of one exec of ``true`` through the resident launcher in a fake sandbox (a
+    container of its own), as built and without issue 36's namespaces and pipes: two sandboxes
+    side by side, their execs alternating, in one run."""
+    import shlex
+    import statistics
+    import subprocess
+
+    from trl_sandbox.remote import lease
+    from trl_sandbox.remote.fake_container import FakeContainer
+
+    def probed(source: str) -> tuple[FakeContainer, lease.Lease]:
+        container = FakeContainer()
+        argv = [*lease.LAUNCHER_ARGV[:-1], source, lease.probe_argv()[-1]]
+        found = lease.Lease.from_probe(container.run_outside(argv), "bench", "bench")
+        assert found is not None and found.resident, "the fake sandbox should get a resident launcher"
+        return container, found
+
+    before = lease.LAUNCHER_SOURCE
+    for old, new in BEFORE_ISSUE_36:
+        assert old in before, old
+        before = before.replace(old, new)
+    sandboxes = {"as built": probed(lease.LAUNCHER_SOURCE), "before issue 36": probed(before)}
+    times: dict[str, list[float]] = {name: [] for name in sandboxes}
+    try:
+        for i in range(n):
+            for name, (container, found) in (sandboxes.items() if i % 2 else reversed(sandboxes.items())):
+                argv, _ = found.argv(["true"], work="/tmp/w", cwd=None, limits=None, timeout=10,
+                                     cap=16 << 20 if name == "as built" else None)
+                t0 = time.perf_counter()
+                done = subprocess.run(container.argv(argv), env=container.env, capture_output=True)
+                times[name].append((time.perf_counter() - t0) * 1000)
+                assert done.returncode == 0, (name, shlex.join(argv[:3]), done)
+    finally:
+        for container, _ in sandboxes.values():
+            container.kill()
+    return {name: {"median_ms": statistics.median(t), "mean_ms": statistics.fmean(t)} for name, t in times.items()}
+
+
 def paired_ratios(rows: list[dict], rounds: int, way: str, base: str) -> list[float]:
     """``way``'s latency over ``base``'s, per quiet round in which both ran."""
     ratios = []
@@ -206,7 +255,19 @@ def main() -> None:
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--rounds", type=int, default=1, help="quiet rounds, the ways alternating within each")
     ap.add_argument("--ways", default="", help="comma-separated subset of the ways (default: all)")
+    ap.add_argument("--launcher", type=int, default=0, metavar="N",
+                    help="only the launcher's cost per program: N execs as built and N without issue 36's "
+                         "namespaces and pipes, side by side (writes results/remote_launcher.json)")
     args = ap.parse_args()
+    if args.launcher:
+        cost = launcher_cost(args.launcher)
+        print("| launcher | median ms per exec | mean ms per exec |")
+        print("|---|---|---|")
+        for name, row in cost.items():
+            print(f"| {name} | {row['median_ms']:.1f} | {row['mean_ms']:.1f} |")
+        RESULTS.with_name("remote_launcher.json").write_text(json.dumps(
+            {"machine": machine(), "execs": args.launcher, "launcher": cost}, indent=2))
+        return
     seeds = [None] * max(1, args.rounds) + [int(s) for s in args.seeds.split(",") if s]
     ways = ["trl-sandbox pool", "bare: round-robin pool", "trl-sandbox pool (no resident launcher)",
             "bare: round-robin pool (one program per sandbox at a time)", "trl-sandbox pool (reset by its own exec)",

@@ -6,7 +6,7 @@ the program gets control, in this order:
 1. In ``sweep`` mode (namespaces refused by the image), kill every process the sandbox did not
    have when it was made but this launcher and its ancestors (``launcher_cleaning.sweep``).
 2. If a reset is due, empty ``/tmp``, ``/var/tmp``, ``/dev/shm`` and the work directory (keeping
-   only ``keep``: this exec's stderr file, the resident's directory), then recreate the work dir.
+   only ``keep``: the resident's directory), then recreate the work dir.
 3. Run the program. In ``ns`` mode in a PID namespace of its own, whose init (below) dies with the
    launcher (``PR_SET_PDEATHSIG``) and ends the namespace when the program ends: the kernel kills
    every process the program left, however it detached. The program sees a fresh ``/proc``, a
@@ -14,8 +14,14 @@ the program gets control, in this order:
    resident's directory hidden) and has no capabilities left (every set empty, no_new_privs), so it
    cannot unmount that ``/proc``, enter another namespace, or regain them by exec. The namespace
    comes from ``unshare(CLONE_NEWPID|CLONE_NEWNS)`` when the daemon runs as root with CAP_SYS_ADMIN,
-   else inside a new user namespace. In ``sweep`` mode the program runs as ``uid`` (when the
-   launcher may switch to it) and the sweep runs again after it exits.
+   else inside a new user namespace. The program also gets its own IPC and UTS namespaces and,
+   unless the spec allows the network, a network namespace with only loopback; ``/proc/sys`` and
+   the kernel's other writable interfaces are read-only, its keyrings fresh, and the init's signal
+   dispositions all the default, so that nothing a program sends ends it (``launcher_isolation``).
+   In ``sweep`` mode the program runs as ``uid`` (when the launcher may switch to it), the launcher
+   ignores every signal but SIGCHLD, and the sweep runs again after the program exits. In both
+   modes, with ``cap``, the program's stdout and stderr are pipes the launcher copies up to ``cap``
+   bytes each (``streams``).
 
 The probe (``launcher_main``) reports what the image allows and leaves the resident running. A failure of the launcher's own
 work is a line ``[trl-sandbox-lease:TAG:failed] why`` on stdout before the program ran, and exit
@@ -30,131 +36,26 @@ so neither line can be forged. A program's status is relayed as it left (a signa
 # in ``enum`` and ``re``, about 25 ms per exec): the launcher runs before every program.
 import _signal as signal
 import binascii
-import ctypes
 import os
 import resource
 import sys
 
-CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUSER = 0x20000, 0x20000000, 0x10000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
-MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
-PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 1, 24, 38, 47
-LIBC = ctypes.CDLL(None, use_errno=True)
-
 if "wipe" not in globals():
     # On the host (tests, linters) the cleaning and the resident are modules of their own. Sent to
     # a sandbox, their text runs first (``trl_sandbox.remote.lease``) and has defined these names.
-    from trl_sandbox.remote.launcher_cleaning import WRITABLE, sweep, wipe
-
-
-def _check(result, what):
-    if result != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, f"{what}: {os.strerror(errno)}")
-
-
-def _b(text):
-    return None if text is None else text.encode()
-
-
-def _mount(source, target, fstype, flags, data=None):
-    LIBC.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
-    _check(LIBC.mount(_b(source), _b(target), _b(fstype), flags, _b(data)), "mount " + target)
-
-
-def _prctl(option, arg):
-    LIBC.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    return LIBC.prctl(option, arg, 0, 0, 0)
-
-
-def _write(path, text):
-    with open(path, "w") as fh:
-        fh.write(text)
-
-
-def enter_namespaces():
-    """Make this process's next child PID 1 of a fresh PID namespace (the child then makes its own
-    mount namespace: this process stays out of it, so it never waits for that namespace's teardown).
-
-    Returns how: "ns" (we hold CAP_SYS_ADMIN) or "userns" (inside a user namespace of our own).
-    Raises OSError when the image refuses both."""
-    try:
-        _check(LIBC.unshare(CLONE_NEWPID), "unshare")
-        return "ns"
-    except OSError:
-        pass
-    uid, gid = os.getuid(), os.getgid()
-    _check(LIBC.unshare(CLONE_NEWUSER | CLONE_NEWPID), "unshare(user)")
-    _write("/proc/self/setgroups", "deny")
-    _write("/proc/self/uid_map", f"0 {uid} 1")
-    _write("/proc/self/gid_map", f"0 {gid} 1")
-    return "userns"
-
-
-def seal_filesystem(work, hide=()):
-    """In the program's own mount namespace: a fresh /proc, a read-only root (where the image lets
-    us), the scratch places and the work dir still writable, each of ``hide`` under an empty
-    read-only tmpfs (the resident's FIFOs). Returns whether the root is read-only."""
-    _check(LIBC.unshare(CLONE_NEWNS), "unshare(mount)")
-    _mount(None, "/", None, MS_REC | MS_PRIVATE)
-    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    for path in WRITABLE + (work,):
-        if os.path.isdir(path):
-            try:
-                _mount(path, path, None, MS_BIND | MS_REC)
-            except OSError:
-                return False
-    hide_dirs(hide)
-    # Every other mount read-only too, /dev above all: a program that could replace /dev/null
-    # (root owns /dev) would feed the next program's stdin. Each keeps its other flags (a user
-    # namespace may not clear nosuid, nodev or noexec).
-    writable = WRITABLE + (work, "/proc")
-    sealed = True
-    with open("/proc/self/mountinfo") as fh:
-        mounts = [line.split() for line in fh]
-    for fields in mounts:
-        point = fields[4].replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n")
-        if any(point == w or point.startswith(w + "/") for w in writable):
-            continue
-        options = fields[5].split(",")
-        if "ro" in options:
-            continue
-        flags = MS_REMOUNT | MS_BIND | MS_RDONLY
-        for name, bit in (("nosuid", MS_NOSUID), ("nodev", MS_NODEV), ("noexec", MS_NOEXEC),
-                          ("noatime", 1024), ("nodiratime", 2048), ("relatime", 1 << 21)):
-            if name in options:
-                flags |= bit
-        try:
-            _mount(None, point, None, flags)
-        except OSError:
-            sealed = False
-    return sealed
-
-
-def hide_dirs(paths):
-    """Each of ``paths`` under an empty read-only tmpfs, in this mount namespace: a FIFO is writable
-    on a read-only mount, so the resident's must be out of sight, not only read-only."""
-    for path in paths:
-        if os.path.isdir(path):
-            _mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
-
-
-def shed_capabilities():
-    """No capability left, now or after exec (a root program execs with bounding set empty)."""
-    _prctl(PR_CAP_AMBIENT, 4)  # PR_CAP_AMBIENT_CLEAR_ALL
-    for cap in range(64):
-        if _prctl(PR_CAPBSET_DROP, cap) != 0 and ctypes.get_errno() == 22:  # EINVAL: past the last cap
-            break
-
-    class Header(ctypes.Structure):
-        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-    class Data(ctypes.Structure):
-        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
-
-    header, data = Header(0x20080522, 0), (Data * 2)()
-    _check(LIBC.capset(ctypes.byref(header), ctypes.byref(data)), "capset")
-    _check(_prctl(PR_SET_NO_NEW_PRIVS, 1), "no_new_privs")
+    from trl_sandbox.remote.launcher_cleaning import sweep, wipe, wipe_ipc
+if "shed_capabilities" not in globals():  # every mode sends it
+    from trl_sandbox.remote.launcher_isolation import (
+        PR_SET_DUMPABLE,
+        PR_SET_PDEATHSIG,
+        _prctl,
+        default_signals,
+        enter_namespaces,
+        fresh_keyrings,
+        private_namespaces,
+        seal_filesystem,
+        shed_capabilities,
+    )
 
 
 def limit(spec):
@@ -192,11 +93,11 @@ def program(spec, argv, stdin_data):
                 os.setuid(uid)
             except OSError:
                 pass  # the probe said so: the program keeps the launcher's user
+        fresh_keyrings()
         # In both modes: a program with CAP_SYS_ADMIN could unmount the /proc the sweep and the
         # namespace rely on, or enter another namespace; with CAP_KILL signal what is not its own.
         shed_capabilities()
-        for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores them; an exec keeps that
-            signal.signal(sig, signal.SIG_DFL)
+        default_signals()  # Python ignores SIGPIPE and SIGXFSZ (an exec keeps that), a sweep launcher more
     except OSError as exc:
         os.write(2, (f"trl-sandbox: cannot start the program: {exc}\n").encode())
         os._exit(126)
@@ -212,12 +113,14 @@ def init(spec, argv, stdin_data, alive, report):
     program and reaps every orphan until the program ends; then reports its wait status and exits,
     which makes the kernel kill whatever the program left."""
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    default_signals()
     try:
         os.read(alive, 1)  # not blocking: the launcher still holds the write end, or is gone already
     except BlockingIOError:
         pass
     else:
         os._exit(1)
+    private_namespaces(spec.get("network"))
     seal_filesystem(spec["work"], spec.get("hide") or ())
     child = os.fork()
     if child == 0:
@@ -260,6 +163,8 @@ def deadline(spec, target):
     late = []
     if spec.get("timeout"):
         def strike(signum, frame):
+            if signal.getitimer(signal.ITIMER_REAL)[0] > 0:
+                return  # the timer still runs: a SIGALRM a program sent, not the deadline
             late.append(1)
             try:
                 os.kill(target, signal.SIGKILL)
@@ -293,9 +198,81 @@ def fail(spec, why):
     os._exit(125)
 
 
+class streams:
+    """With ``spec["cap"]``, the program's stdout and stderr are pipes that this launcher copies to
+    its own, each up to ``cap`` bytes (the rest is read and dropped): a program that prints without
+    end costs the host no more than that, and its output never counts against its own file-size
+    limit (where the daemon's shell sends stderr to a file). Without it, the streams are passed on.
+    One thread, ``select``: a process that made a PID namespace for its children may start none."""
+
+    def __init__(self, spec):
+        self.cap = spec.get("cap")
+        self.pipes = [os.pipe(), os.pipe()] if self.cap else []
+        self.open = {}
+
+    def adopt(self):
+        """In the child: the pipes' write ends become its stdout and stderr."""
+        for fd, (read, write) in zip((1, 2), self.pipes):
+            os.dup2(write, fd)
+            os.close(read)
+            os.close(write)
+
+    def copy(self):
+        for fd, (read, write) in zip((1, 2), self.pipes):
+            os.close(write)
+            self.open[read] = [fd, self.cap + 1]  # one byte past the cap: the host sees the cut
+
+    def wait(self, event=None, done=lambda: True, limit=None):
+        """Copy until ``done()`` and, after it, until both streams end (their writers are all gone
+        once the program and what it left are), for at most ``limit`` seconds more however much a
+        writer that outlived the program still writes. ``event``: a descriptor that wakes us for
+        ``done``."""
+        import select
+        import time
+
+        finished, end = done(), None
+        while self.open or not finished:
+            if finished and end is None:
+                end = time.monotonic() + (limit or 0)
+            watch = list(self.open)
+            if event is not None and not finished:
+                watch.append(event)
+            wait_s = max(0, end - time.monotonic()) if finished else (None if event is not None else 0.01)
+            ready = select.select(watch, [], [], wait_s)[0]
+            if finished and (not ready or time.monotonic() > end):
+                break  # a writer outlived the program's end by ``limit``: stop copying
+            for read in ready:
+                if read in self.open:
+                    self._move(read)
+            finished = finished or done()
+
+    def _move(self, read):
+        chunk = os.read(read, 1 << 16)
+        fd, left = self.open[read]
+        if not chunk:
+            del self.open[read]
+            os.close(read)
+            return
+        chunk = chunk[:left]
+        self.open[read][1] = left - len(chunk)
+        while chunk:
+            try:
+                chunk = chunk[os.write(fd, chunk):]
+            except OSError:
+                chunk = b""  # the reader is gone: read on, drop
+
+
+def hide_memory():
+    """Not dumpable (nor the init, a fork): a program of the launcher's own uid and capabilities
+    (a daemon that is not root) would read the tag in our memory through ``/proc/PID/mem``."""
+    _prctl(PR_SET_DUMPABLE, 0)
+
+
 def launch(spec, argv):
     """One program, cleaned before and isolated (or swept); leaves as the program left."""
     mode = spec.get("mode", "ns")
+    if mode == "sweep":
+        hide_memory()
     null = os.stat(os.devnull)
     if not (null.st_mode & 0o170000 == 0o020000 and os.major(null.st_rdev) == 1 and os.minor(null.st_rdev) == 3):
         fail(spec, "/dev/null is not the null device any more")  # whatever a program put there
@@ -313,23 +290,53 @@ def launch(spec, argv):
             sweep(spec.get("spare") or ())
         if spec.get("reset"):
             wipe(spec)
+            if mode == "sweep":
+                wipe_ipc(spec.get("spare_ipc") or {})
         os.makedirs(spec["work"], exist_ok=True)
         if mode == "sweep" and spec.get("uid") is not None and os.geteuid() == 0:
             os.chown(spec["work"], spec["uid"], spec["uid"])
     except Exception as exc:  # whatever a program left that breaks the cleaning: never its neighbour's error
         fail(spec, f"cleaning the sandbox: {type(exc).__name__}: {exc}")
     sys.stdout.flush()
+    ends = streams(spec)
     if mode == "sweep":
         child = os.fork()
         if child == 0:
+            ends.adopt()
             program(spec, argv, stdin_data)
+        for sig in range(1, signal.NSIG):  # the program may be our own uid: nothing it sends stops us
+            if sig not in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD):
+                try:
+                    signal.signal(sig, signal.SIG_IGN)
+                except (OSError, ValueError, RuntimeError):
+                    pass
         late = deadline(spec, child)
-        _, status = os.waitpid(child, 0)
+        ends.copy()
+        exited = []
+
+        def reaped():
+            if not exited:
+                pid, status = os.waitpid(child, os.WNOHANG)
+                if pid:
+                    exited.append(status)
+            return bool(exited)
+
+        try:
+            wake = os.pidfd_open(child)
+        except (AttributeError, OSError):
+            wake = None
+        if ends.pipes:
+            ends.wait(wake, reaped, limit=0)  # leftovers may hold the pipes: the sweep ends them
+        else:
+            exited.append(os.waitpid(child, 0)[1])
+        status = exited[0]
         signal.setitimer(signal.ITIMER_REAL, 0)
         try:
             sweep(spec.get("spare") or ())
         except Exception as exc:
+            ends.wait(limit=1)
             fail(spec, f"sweeping after the program: {type(exc).__name__}: {exc}")
+        ends.wait(limit=1)
         if late:
             timed_out(spec)
         relay(status)
@@ -337,6 +344,7 @@ def launch(spec, argv):
         enter_namespaces()
     except OSError as exc:
         fail(spec, f"the image refused a PID namespace: {exc}")
+    hide_memory()  # after: a process that is not dumpable may not write its own uid_map
     alive_read, alive_write = os.pipe()
     report_read, report_write = os.pipe()
     os.set_blocking(alive_read, False)
@@ -344,15 +352,30 @@ def launch(spec, argv):
     if child == 0:
         os.close(alive_write)
         os.close(report_read)
+        ends.adopt()
         init(spec, argv, stdin_data, alive_read, report_write)
+    ends.copy()
     os.close(alive_read)
     os.close(report_write)
-    answer = b""
-    while not answer.endswith(b"\n"):
-        chunk = os.read(report_read, 64)
-        if not chunk:
-            break
-        answer += chunk
+    answer = [b"", False]
+
+    def reported():  # the init's status line, read without blocking
+        while not answer[1]:
+            try:
+                chunk = os.read(report_read, 64)
+            except BlockingIOError:
+                return False
+            answer[0] += chunk
+            answer[1] = not chunk or answer[0].endswith(b"\n")
+        return True
+
+    os.set_blocking(report_read, False)
+    if ends.pipes:
+        ends.wait(report_read, reported, limit=5)
+    else:
+        os.set_blocking(report_read, True)
+        reported()
+    answer = answer[0]
     if not answer.endswith(b"\n"):
         fail(spec, "the program's namespace ended without a status")
     if answer.endswith(b"T\n"):

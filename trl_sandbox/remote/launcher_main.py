@@ -10,17 +10,18 @@ import sys
 
 if "launch" not in globals():
     # On the host (tests, linters) the parts are modules; sent to a sandbox, their text runs first.
-    from trl_sandbox.remote.launcher import (
+    from trl_sandbox.remote.launcher import launch
+    from trl_sandbox.remote.launcher_cleaning import baseline, dumps, ipc_baseline
+    from trl_sandbox.remote.launcher_isolation import (
         MS_NODEV,
         MS_NOEXEC,
         MS_NOSUID,
         _mount,
         enter_namespaces,
         hide_dirs,
-        launch,
+        private_namespaces,
         seal_filesystem,
     )
-    from trl_sandbox.remote.launcher_cleaning import baseline, dumps
     from trl_sandbox.remote.launcher_resident import start_resident
 
 
@@ -46,6 +47,7 @@ def probe(spec):
             how = enter_namespaces()
             grandchild = os.fork()
             if grandchild == 0:
+                private_namespaces(False)  # each lease's own IPC, UTS and network (loopback up)
                 sealed = seal_filesystem("/tmp")
                 try:  # the resident only where its directory can be hidden from every program
                     hide_dirs([where] if where else [])
@@ -90,7 +92,7 @@ def probe(spec):
             pass
     print(dumps({"isolation": allowed[0] if allowed else "sweep", "read_only_root": bool(allowed and allowed[1]),
                  "uid": os.geteuid(), "switch_user": can_switch, "python": sys.version.split()[0],
-                 "spare": baseline(), "resident": resident}))
+                 "spare": baseline(), "ipc": ipc_baseline(), "resident": resident}))
 
 
 def hide_argv():

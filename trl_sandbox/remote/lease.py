@@ -42,15 +42,18 @@ log = logging.getLogger("trl_sandbox.remote.lease")
 _RESIDENT = {"start_resident", "serve", "handle", "follow", "_zombie"}
 _UNUSED = {
     "probe": set(),  # the whole launcher: the resident it leaves running serves every later exec
-    "ns": {"probe", "dumps", "baseline", "sweep", "ancestors", "pids", "start_time", *_RESIDENT},
-    "sweep": {"probe", "dumps", "baseline", "enter_namespaces", "seal_filesystem", "hide_dirs", "init", *_RESIDENT},
+    "ns": {"probe", "dumps", "baseline", "sweep", "ancestors", "pids", "start_time", "ipc_baseline", "wipe_ipc",
+           *_RESIDENT},
+    "sweep": {"probe", "dumps", "baseline", "enter_namespaces", "seal_filesystem", "hide_dirs", "init",
+              "private_namespaces", "loopback_up", "seal_proc", *_RESIDENT},
 }
 
 
 # The parts first, the entry last: each part's text uses the names the ones before it defined
 # (and imports them only on the host).
 _TEXT = "\n".join(Path(__file__).with_name(name).read_text(encoding="utf-8")
-                  for name in ("launcher_cleaning.py", "launcher_resident.py", "launcher.py", "launcher_main.py"))
+                  for name in ("launcher_cleaning.py", "launcher_resident.py", "launcher_isolation.py",
+                               "launcher.py", "launcher_main.py"))
 SOURCES = {mode: bare_source(_TEXT, _UNUSED[mode]) for mode in _UNUSED}
 LAUNCHER_SOURCE = SOURCES["probe"]  # the whole launcher (the probe runs it once per sandbox)
 # -I: no current directory, user site or PYTHON* variables on the launcher's path; -S: no site
@@ -111,6 +114,8 @@ class Lease:
     read_only_root: bool = False
     switch_user: bool = False
     spare: list[list[int]] = field(default_factory=list)
+    #: The SysV IPC objects the sandbox had when it was made (by kind: ids), spared by a sweep's reset.
+    spare_ipc: dict[str, list[int]] = field(default_factory=dict)
     reset_due: bool = False
     #: The resident launcher's directory (None: every exec starts a launcher of its own).
     resident: str | None = None
@@ -134,6 +139,7 @@ class Lease:
                     read_only_root=bool(answer.get("read_only_root")),
                     switch_user=bool(answer.get("switch_user")),
                     spare=[list(map(int, p)) for p in answer.get("spare") or []],
+                    spare_ipc={str(k): [int(i) for i in v] for k, v in (answer.get("ipc") or {}).items()},
                     resident=str(answer["resident"]) if answer.get("resident") else None)
         if lease.isolation == "sweep":
             log.warning("%s sandbox %s: the image refuses PID namespaces; every program is followed (and preceded) "
@@ -145,8 +151,11 @@ class Lease:
 
     def argv(self, argv: Sequence[str], *, work: str, cwd: str | None, limits: ResourceLimits | None,
              timeout: float | None = None, stdin_b64: bool = False,
-             keep: Sequence[str] = ()) -> tuple[list[str], str]:
-        """The launcher's argv for one program, and the tag of its own lines. Carries the due reset."""
+             keep: Sequence[str] = (), network: bool = False, cap: int | None = None) -> tuple[list[str], str]:
+        """The launcher's argv for one program, and the tag of its own lines. Carries the due reset.
+        Without ``network`` (``SandboxSpec.network``) the program gets a network namespace of its
+        own, with only loopback. ``cap``: the bytes of each stream the launcher passes on (the
+        rest is read and dropped in the sandbox; one byte more shows the cut)."""
         tag = secrets.token_hex(8)
         spec: dict[str, Any] = {"mode": "sweep" if self.isolation == "sweep" else "ns", "work": work,
                                 "cwd": cwd or work, "reset": self.reset_due, "tag": tag}
@@ -156,10 +165,15 @@ class Lease:
             spec["limits"] = rlimits(limits)
         if stdin_b64:
             spec["stdin"] = "b64"
+        if network:
+            spec["network"] = True
+        if cap is not None:
+            spec["cap"] = int(cap)
         if keep:
             spec["keep"] = list(keep)
         if self.isolation == "sweep":
             spec["spare"] = self.spare
+            spec["spare_ipc"] = self.spare_ipc
             if self.switch_user:
                 spec["uid"] = SWEEP_UID
         if self.resident and spec["mode"] == "ns":

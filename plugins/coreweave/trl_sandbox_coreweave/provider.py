@@ -59,6 +59,7 @@ from trl_sandbox import (
     SandboxSpec,
 )
 from trl_sandbox.plugins.settings import flag, number
+from trl_sandbox.remote import files
 from trl_sandbox.remote.lease import (
     CLEANING_MARGIN_S,
     FAILED_EXIT,
@@ -171,6 +172,7 @@ class CoreWeaveSandbox:
         self.tags = dict(spec.tags)
         self.work_dir = provider.work_dir_for(self.id)
         self.limits: ResourceLimits = spec.limits
+        self.network = bool(spec.network)  # without it, each program gets a network namespace of its own
         self.tools: set[str] = set()
         # The lease launcher (``trl_sandbox.remote.lease``): a clean lease and an isolated program
         # per exec. None when the image has no python3 (the old behaviour, with a warning).
@@ -194,7 +196,7 @@ class CoreWeaveSandbox:
             script += '; python3 -I -S -c "$1" "$2" </dev/null 2>/dev/null; true'
         try:
             result = await self._sb.exec(["/bin/sh", "-c", script, "sh", LAUNCHER_SOURCE,
-                                          probe_argv(serve=self._provider.resident_launcher)[-1]] if clean
+                                          probe_argv(serve=self._provider.resident_launcher and self._provider.isolation != "sweep")[-1]] if clean
                                          else ["/bin/sh", "-c", script], timeout_seconds=60)
         except Exception as exc:
             raise translate(exc, "preparing the work directory", self.id) from exc
@@ -217,11 +219,16 @@ class CoreWeaveSandbox:
                 raise InfraError(f"CoreWeave Sandbox: sandbox {self.id} has no `env` to pass exec variables")
             prefix += ["env", "--", *(f"{k}={v}" for k, v in env.items())]
         margin = CLEANING_MARGIN_S if self.lease is not None else 0  # the launcher's cleaning
-        if self._provider.kill_after_timeout and "timeout" in self.tools:
+        # Not in sweep mode: the program would see the wrapper's command line, the launcher's tag
+        # in it (its own ``failed`` line forged). The launcher ends the program at its deadline and
+        # the next sweep kills whatever outlived a launcher the SDK's timeout abandoned.
+        sweep = self.lease is not None and self.lease.isolation == "sweep"
+        if self._provider.kill_after_timeout and "timeout" in self.tools and not sweep:
             prefix += ["timeout", "-s", "KILL", str(math.ceil(timeout) + _GRACE_S + margin)]
         if self.lease is not None:
             launcher, tag = self.lease.argv(argv, work=self.work_dir, cwd=cwd, timeout=timeout,
-                                            limits=self.limits if self._provider.rlimits else None)
+                                            limits=self.limits if self._provider.rlimits else None,
+                                            network=self.network, cap=self.limits.output_bytes)
             return [*prefix, *launcher], tag
         if self._provider.rlimits and "prlimit" in self.tools:
             limits = self.limits
@@ -308,8 +315,17 @@ class CoreWeaveSandbox:
 
         if isinstance(data, str):
             data = data.encode()
+        full, relative = files.confine(self.work_dir, path)
         await self._flush_reset()
-        full = self._path(path)
+        if self.lease is not None:  # never through a link a program left (``trl_sandbox.remote.files``)
+            staged = files.staging_path()
+            try:
+                await self._sb.write_file(staged, bytes(data))
+                done = await self._sb.exec(files.argv("write", self.work_dir, relative, staged), timeout_seconds=60)
+            except Exception as exc:
+                raise translate(exc, f"writing {path}", self.id) from exc
+            files.answer(done.stdout, path)
+            return
         parent = posixpath.dirname(full)
         try:
             try:
@@ -329,9 +345,16 @@ class CoreWeaveSandbox:
     async def read_file(self, path: str) -> bytes:
         from cwsandbox import SandboxFileError
 
+        full, relative = files.confine(self.work_dir, path)
         await self._flush_reset()
+        if self.lease is not None:
+            try:
+                done = await self._sb.exec(files.argv("read", self.work_dir, relative), timeout_seconds=60)
+            except Exception as exc:
+                raise translate(exc, f"reading {path}", self.id) from exc
+            return files.answer(done.stdout, path)
         try:
-            return bytes(await self._sb.read_file(self._path(path)))
+            return bytes(await self._sb.read_file(full))
         except SandboxFileError as exc:
             if "NOT_FOUND" in str(getattr(exc, "reason", "") or "") or "not found" in str(exc).lower():
                 raise FileNotFoundError(2, f"no such file in sandbox {self.id}", path) from exc

@@ -61,6 +61,7 @@ from trl_sandbox import (
     SandboxSpec,
 )
 from trl_sandbox.plugins.settings import flag, number
+from trl_sandbox.remote import files
 from trl_sandbox.remote.lease import CLEANING_MARGIN_S, FAILED_EXIT, Lease, failure, probe_argv, timed_out
 from trl_sandbox.sandbox import exec_arguments
 
@@ -212,6 +213,7 @@ class DaytonaSandbox:
         self.tags = dict(spec.tags)
         self.work_dir = provider.work_dir_for(self.id)
         self.limits: ResourceLimits = spec.limits
+        self.network = bool(spec.network)  # without it, each program gets a network namespace of its own
         self.prlimit = False
         # The lease launcher (``trl_sandbox.remote.lease``): a clean lease and an isolated program
         # per exec. None when the image has no python3 (the old behaviour, with a warning).
@@ -247,7 +249,7 @@ class DaytonaSandbox:
         """Create the work directory, see whether ``prlimit`` is there to apply the limits, and
         probe what the lease launcher may do in this image (the same single request)."""
         work = shlex.quote(self.work_dir)
-        probe = shlex.join(probe_argv(serve=self._provider.resident_launcher)) if self._provider.clean_leases else "true"
+        probe = shlex.join(probe_argv(serve=self._provider.resident_launcher and self._provider.isolation != "sweep")) if self._provider.clean_leases else "true"
         response = await self._shell(
             f"mkdir -p -- {work} && if command -v prlimit >/dev/null 2>&1; then echo prlimit=yes; fi; "
             f"{probe} </dev/null 2>/dev/null; true",
@@ -288,21 +290,27 @@ class DaytonaSandbox:
             if lease is not None and lease.reset_due:
                 await self._flush_reset()  # the reset would empty the work dir after the upload
             # Byte-exact stdin: upload it; the script opens it as the program's stdin and unlinks it.
-            stdin_path = posixpath.join(self.work_dir, f".trl-sandbox-stdin-{uuid.uuid4().hex}")
+            # With the launcher in /tmp itself: no link a program left in the work dir's path is followed.
+            stdin_path = posixpath.join("/tmp" if lease is not None else self.work_dir,
+                                        f".trl-sandbox-stdin-{uuid.uuid4().hex}")
             await self._upload(bytes(stdin), stdin_path, "uploading stdin")
-        err_path = posixpath.join(posixpath.dirname(self.work_dir.rstrip("/")) or "/tmp",
+        # With the launcher, in /tmp itself (no lease can replace it: a mount point in a program's
+        # namespace), made new and unlinked before the launcher starts (``split_streams_script``).
+        err_path = posixpath.join("/tmp" if lease is not None else
+                                  posixpath.dirname(self.work_dir.rstrip("/")) or "/tmp",
                                   f".trl-sandbox-stderr-{uuid.uuid4().hex}")
         tag = None
         reset = False
         if lease is not None:
             launcher, tag = lease.argv(argv, work=self.work_dir, cwd=self._path(cwd) if cwd else None,
                                        limits=self.limits if self._provider.rlimits else None, timeout=timeout,
-                                       stdin_b64=heredoc is not None, keep=[err_path])
+                                       stdin_b64=heredoc is not None,
+                                       network=self.network, cap=self.limits.output_bytes)
             program, daemon_cwd = shlex.join(launcher), "/"
             reset, lease.reset_due = lease.reset_due, False
         else:
             program, daemon_cwd = self._wrap(argv), self._path(cwd) if cwd else self.work_dir
-        command = split_streams_script(program, nonce, err_path, stdin_path, heredoc)
+        command = split_streams_script(program, nonce, err_path, stdin_path, heredoc, tag)
         started = time.monotonic()
         try:
             response = await self._sb.process.exec(
@@ -354,8 +362,15 @@ class DaytonaSandbox:
         """Write a file; missing parent directories are created (when the daemon does not do it)."""
         if isinstance(data, str):
             data = data.encode()
+        full, relative = files.confine(self.work_dir, path)
         await self._flush_reset()
-        full = self._path(path)
+        if self.lease is not None:  # never through a link a program left (``trl_sandbox.remote.files``)
+            staged = files.staging_path()
+            await self._upload(bytes(data), staged, f"writing {path}")
+            done = await self._shell(shlex.join(files.argv("write", self.work_dir, relative, staged)), timeout=60,
+                                     what=f"writing {path}")
+            files.answer(done.result or "", path)
+            return
         parent = posixpath.dirname(full)
         try:
             await self._upload(bytes(data), full, f"writing {path}")
@@ -372,8 +387,12 @@ class DaytonaSandbox:
     async def read_file(self, path: str) -> bytes:
         from daytona import FileDownloadRequest
 
-        full = self._path(path)
+        full, relative = files.confine(self.work_dir, path)
         await self._flush_reset()
+        if self.lease is not None:
+            done = await self._shell(shlex.join(files.argv("read", self.work_dir, relative)), timeout=60,
+                                     what=f"reading {path}")
+            return files.answer(done.result or "", path)
         try:
             (response,) = await self._sb.fs.download_files([FileDownloadRequest(source=full)])
         except Exception as exc:

@@ -32,16 +32,40 @@ def _markers(nonce: str) -> tuple[str, str]:
 
 
 def split_streams_script(program: str, nonce: str, err_path: str, stdin_path: str | None,
-                         heredoc: str | None = None) -> str:
+                         heredoc: str | None = None, tag: str | None = None) -> str:
     """The shell command that runs ``program`` (already shell-quoted) with split streams.
 
     ``heredoc`` (base64 text) travels in the command itself as the program's stdin: a here-document
     after the one-line group, read by the shell with the script before anything runs, so stdin
-    needs no upload of its own (the lease launcher decodes it)."""
+    needs no upload of its own (the lease launcher decodes it).
+
+    With the lease launcher's ``tag``, nothing a program can touch is on the shell's own path: the
+    stderr file is made new (never one that exists), opened twice and unlinked before the launcher
+    starts, and read back through the shell's own descriptor: a program that replaces the path (a
+    FIFO, a file where its directory was) changes nothing. A stderr file that cannot be made is the
+    launcher's failure (the sandbox is replaced), never the program's verdict."""
     if not nonce.isalnum():
         raise ValueError("the nonce must be alphanumeric (it is embedded in single quotes)")
     start, end = _markers(nonce)
     err = shlex.quote(err_path)
+    if tag is not None:
+        if not tag.isalnum():
+            raise ValueError("the tag must be alphanumeric")
+        opened = (f"if {{ set -C; : >{err}; }} 2>/dev/null; then set +C; exec 8<{err} 9>>{err}; rm -f -- {err}; "
+                  f"else printf '%s\n' '[trl-sandbox-lease:{tag}:failed] cannot make the stderr file'; exit 125; fi; ")
+        if heredoc is not None:
+            delimiter = f"TRL_STDIN_{nonce}"
+            run = f"{{ {program} 2>&9 8<&- 9>&-; }} <<'{delimiter}'"
+            tail = f"\n{heredoc.rstrip(chr(10))}\n{delimiter}\n"
+        else:
+            src = shlex.quote(stdin_path) if stdin_path is not None else None
+            run = (f"{{ {program} 2>&9 8<&- 9>&-; }} </dev/null" if src is None
+                   else f"{{ rm -f -- {src}; {program} 2>&9 8<&- 9>&-; }} <{src}")
+            tail = ""
+        return (
+            f"{{ {opened}{run}; rc=$?; exec 9>&-; printf '%s' '{start}'; cat <&8; exec 8<&-; "
+            f"printf '%s%s]\\n' '{end}' \"$rc\"; exit \"$rc\"; }}{tail}"
+        )
     if heredoc is not None:
         delimiter = f"TRL_STDIN_{nonce}"  # never in base64 text (no underscore there)
         run = f"{{ {program} 2>{err}; }} <<'{delimiter}'"

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from trl_sandbox.pool.sandbox_pool import PoolSettings
-from trl_sandbox.sandbox import Provider
+from trl_sandbox.sandbox import ExecResult, Provider, SandboxSpec
 
 T = TypeVar("T")
 ProviderFactory = Callable[[], Provider]
@@ -51,3 +51,19 @@ async def _raises(exc_type: type[BaseException], awaitable: Awaitable[Any]) -> B
     raise AssertionError(f"{exc_type.__name__} was not raised")
 
 
+async def run_programs(make: ProviderFactory, *programs: list[str], spec: SandboxSpec | None = None,
+                       timeout: float = 10, reset: bool = True) -> list[ExecResult]:
+    """Each of ``programs`` in turn on one new sandbox (a reset after each when ``reset``); their
+    results. The provider is closed after."""
+    p = make()
+
+    async def go() -> list[ExecResult]:
+        sandbox = await p.create(spec or SandboxSpec())
+        out = []
+        for argv in programs:
+            out.append(await sandbox.exec(argv, timeout=timeout))
+            if reset:
+                await sandbox.reset()
+        return out
+
+    return await closing(p, go())
