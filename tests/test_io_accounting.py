@@ -553,3 +553,28 @@ def test_a_runtime_bounding_its_own_heap_holds_its_row_and_little_more(pool, met
         assert hog.status != "passed", (name, hog.detail)
         if metered:
             assert hog.status == "error" and "MLE" in hog.detail, (name, hog.detail)
+
+
+def test_javascript_holds_100_mb_of_heap_under_the_default_limits(pool, monkeypatch):
+    """Under the sandbox's default 1 GiB address space per process, a JavaScript program holding
+    100 MB in its heap on a 256 MB row passes: node's threads get two malloc arenas, not one each
+    (control: with glibc's default arenas the same program is a memory limit)."""
+    import dataclasses
+    import shutil
+
+    from trl_sandbox.judge.languages import languages
+    from trl_sandbox.local.command import LOCAL_PATH
+
+    from .test_io_judge import HOLD_IN
+
+    table = languages()
+    if table.get("javascript").missing(lambda t: shutil.which(t, path=LOCAL_PATH)):
+        outcome = score(pool, GenericTask(), [HOLD_IN["javascript"][0]], _row(ONE, language="javascript"))[0]
+        assert outcome.status == "infra" and "not installed" in outcome.detail, outcome.detail
+        return
+    program, row = HOLD_IN["javascript"][0].replace("{mb}", "100"), _row(ONE, language="javascript", memory_limit=256)
+    assert score(pool, GenericTask(), [program], row)[0].status == "passed"
+    monkeypatch.setattr(table, "_by_name", dict(table._by_name))
+    table.register(dataclasses.replace(table.get("javascript"), env=()))
+    control = score(pool, GenericTask(), [program], {**row, "task_id": "arenas"})[0]  # a row resolved anew
+    assert control.status == "error" and "MLE" in control.detail, control.detail

@@ -61,8 +61,9 @@ class Language:
 
 
 # glibc reserves 64 MiB of address space per thread's malloc arena: a JVM's dozen threads would
-# spend the sandbox's whole address-space limit on reservations.
-_JAVA_ENV = (("MALLOC_ARENA_MAX", "2"),)
+# spend the sandbox's whole address-space limit on reservations, and so would node's (under the
+# default 1 GiB a program's V8 heap could not pass some 36 MB).
+_ARENAS_ENV = (("MALLOC_ARENA_MAX", "2"),)
 # Go runs as many threads as the host has cores (its collector's idle workers, the build's compiles):
 # two, whatever the host, so that a sandbox's process cap and a test's CPU time do not depend on it.
 _GO_ENV = (("GOCACHE", "/tmp/go-cache"), ("GOPATH", "/tmp/go"), ("GOFLAGS", "-mod=mod"), ("CGO_ENABLED", "0"),
@@ -84,7 +85,7 @@ BUILTIN: tuple[Language, ...] = (
              ("javac", "-J-Xmx512m", "-J-XX:+UseSerialGC", "-J-XX:TieredStopAtLevel=1", "-J-XX:CICompilerCount=1", "-J-XX:CompressedClassSpaceSize=64m",
               "-J-XX:ReservedCodeCacheSize=64m",
               "-encoding", "UTF-8", "{file}"), toolchain=("java", "javac"),
-             package="default-jdk-headless", memory="flag", runtime_mb=384, compile_memory="none", class_name=True, env=_JAVA_ENV, aliases=("java8", "java11", "java17")),
+             package="default-jdk-headless", memory="flag", runtime_mb=384, compile_memory="none", class_name=True, env=_ARENAS_ENV, aliases=("java8", "java11", "java17")),
     Language("rust", "main.rs", ("./main",), ("rustc", "-O", "--edition", "2021", "-o", "main", "main.rs"),
              toolchain=("rustc",), package="rustc", aliases=("rs",), compile_memory="none"),
     # Go's runtime reserves some 700 MB of address space before main runs: no RLIMIT_AS of a test's
@@ -93,7 +94,8 @@ BUILTIN: tuple[Language, ...] = (
              toolchain=("go",), package="golang", aliases=("golang",), memory="flag", runtime_mb=128,
              compile_memory="none", env=_GO_ENV),
     Language("javascript", "main.js", ("node", "--max-old-space-size={memory_mb}", "--stack-size=65500", "main.js"),
-             toolchain=("node",), package="nodejs", memory="flag", runtime_mb=192, aliases=("js", "node", "nodejs")),
+             toolchain=("node",), package="nodejs", memory="flag", runtime_mb=192, aliases=("js", "node", "nodejs"),
+             env=_ARENAS_ENV),
 )
 
 
