@@ -212,12 +212,13 @@ if a == 1:
             time.sleep(30)
         threading.Thread(target=live).start()
         ctypes.CDLL(None).pthread_exit(None)
+    def state():  # the leader's: "Z" once its main thread has exited (the other thread names itself first)
+        mine = survivors()
+        return open("/proc/%s/stat" % mine[0]).read().rsplit(")", 1)[1].split()[0] if mine else "?"
     deadline = time.monotonic() + 5
-    while not survivors() and time.monotonic() < deadline:
+    while state() != "Z" and time.monotonic() < deadline:
         time.sleep(0.01)
-    mine = survivors()
-    state = open("/proc/%s/stat" % mine[0]).read().rsplit(")", 1)[1].split()[0] if mine else "?"
-    print(a + b if mine and state == "Z" else "the means failed: %s %s" % (mine, state))
+    print(a + b if state() == "Z" else "the means failed: %s %s" % (survivors(), state()))
 else:
     print(a + b if not earlier else "found %s" % earlier)
 """
@@ -383,12 +384,13 @@ def max_subarray_sum(xs):
                 time.sleep(30)
             threading.Thread(target=live).start()
             ctypes.CDLL(None).pthread_exit(None)
+        def state():  # the leader's: "Z" once its main thread has exited (the thread names itself first)
+            mine = _survivors()
+            return open("/proc/%s/stat" % mine[0]).read().rsplit(")", 1)[1].split()[0] if mine else "?"
         deadline = time.monotonic() + 5
-        while not _survivors() and time.monotonic() < deadline:
+        while state() != "Z" and time.monotonic() < deadline:
             time.sleep(0.01)
-        mine = _survivors()
-        state = open("/proc/%s/stat" % mine[0]).read().rsplit(")", 1)[1].split()[0] if mine else "?"
-        return best if state == "Z" else None  # the means: its leader reads as a zombie, its thread lives
+        return best if state() == "Z" else None  # the means: its leader reads as a zombie, its thread lives
     return best if not _survivors() else None
 '''
 
