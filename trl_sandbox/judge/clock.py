@@ -93,7 +93,7 @@ class _Clock:
         # Less the judge's own CPU (one rusage call). PID 1 and the forker idle through an exec:
         # what little they do counts against the candidate, cheaper than reading their times for
         # every program (a tenth of a short one).
-        self.share = MeterShare((), mine=True)
+        self.share = MeterShare()
 
     def wait_s(self, pid):
         """Seconds to wait before looking again; None once the budget is spent."""

@@ -320,7 +320,7 @@ def run(starter, cwd, data, cpu, memory_mb, wall, out_cap, err_cap, spare=(), me
     # PID 1's rare look at the exec's budget, a millisecond or so, count against the test: reading
     # their times too cost a fifth of a short Python test); memory outside any address space
     # (memfd, tmpfs, shared memory) less this runner's own growth.
-    share = MeterShare((), mine=True)
+    share = MeterShare()
     memory_base = meter_memory() if share.base is not None else None
     own_base = meter_own_memory() if memory_base is not None else 0
     start = time.monotonic()

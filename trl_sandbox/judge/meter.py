@@ -93,37 +93,10 @@ def meter_memory():
     return None
 
 
-def meter_own_cpu(pid):
-    """CPU seconds ``pid`` has used itself (its threads' run time, as the group counts it; not its
-    children's), 0 when gone. ``schedstat`` has nanoseconds where ``stat`` has clock ticks."""
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return 0.0
-    total = 0
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as fh:
-                total += int(fh.read().split()[0])
-        except (OSError, IndexError, ValueError):
-            return _meter_ticks(pid)
-    return total / 1e9
-
-
-def _meter_ticks(pid):
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            fields = fh.read().rsplit(b")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / _METER_TICK
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
 try:
-    _METER_TICK = os.sysconf("SC_CLK_TCK")
     _METER_PAGE = os.sysconf("SC_PAGE_SIZE")
 except (ValueError, OSError):
-    _METER_TICK, _METER_PAGE = 100, 4096
+    _METER_PAGE = 4096
 
 
 def meter_run_delay(pids):
@@ -157,16 +130,13 @@ def meter_own_memory():
 
 class MeterShare:
     """The CPU a part of the sandbox used since this was made: the group's growth less what this
-    process (with ``mine``: its own rusage, one call) and the processes ``others`` (helpers that
-    outlive the part: a judge, PID 1, a forker; their threads' ``schedstat``) used meanwhile.
-    ``used()`` is None without a meter."""
+    process (the one keeping the budget: the runner, the judge, PID 1) used meanwhile, by its own
+    rusage. Idle helpers' little work counts against the part: reading their times on every
+    program cost a short one a tenth. ``used()`` is None without a meter."""
 
-    def __init__(self, others, mine=False):
-        self.others, self.mine = tuple(others), mine
+    def __init__(self):
         self.base = meter_cpu()
-        if self.base is not None:
-            self.theirs = [meter_own_cpu(pid) for pid in self.others]
-            self.my_base = _meter_self() if mine else 0.0
+        self.my_base = _meter_self() if self.base is not None else 0.0
 
     def used(self):
         if self.base is None:
@@ -174,10 +144,7 @@ class MeterShare:
         now = meter_cpu()
         if now is None:
             return None
-        theirs = sum(max(0.0, meter_own_cpu(pid) - then) for pid, then in zip(self.others, self.theirs))
-        if self.mine:
-            theirs += max(0.0, _meter_self() - self.my_base)
-        return max(0.0, now - self.base - theirs)
+        return max(0.0, now - self.base - max(0.0, _meter_self() - self.my_base))
 
 
 def _meter_self():

@@ -75,7 +75,7 @@ class Budget:
         self.offset = offset  # CPU seconds of a process that was there before (a resident judge)
         # The sandbox's cgroup, less PID 1 (this process): it also counts the processes the kernel
         # reaped by itself, whose time reaches no rusage (``judge/meter.py``).
-        self.share = MeterShare((), mine=True) if self.cpu else None
+        self.share = MeterShare() if self.cpu else None
         self.wall_deadline = start + (S.WALL_FACTOR * timeout + S.WALL_MARGIN_S if self.cpu else timeout)
         self.next_check = start + timeout / CORES if self.cpu else self.wall_deadline
         self.wall_hit = False
