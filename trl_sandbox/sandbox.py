@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import posixpath
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -164,6 +165,30 @@ def exec_arguments(
     if isinstance(stdin, str):
         stdin = stdin.encode()
     return [str(a) for a in argv], stdin
+
+
+# Bounds on a file operation's path, checked on the host before it reaches the sandbox (whose
+# directory creation must not depend on an interpreter's recursion limit).
+MAX_PATH_BYTES, MAX_PATH_DEPTH = 4096, 64
+
+
+def sandbox_path(work: str, path: str, *, root_ok: bool = True) -> str:
+    """``path`` (relative to the work directory ``work``, or absolute inside it) normalised, for
+    ``Sandbox.write_file``/``read_file`` on every provider: a ``ValueError`` when it leaves ``work``
+    (``root_ok``: ``work`` itself is allowed), holds a NUL, is not UTF-8 or is absurdly long."""
+    if not isinstance(path, str):
+        raise TypeError(f"a sandbox path must be a str, not {type(path).__name__}")
+    try:
+        encoded = path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"path {path!r} is not valid UTF-8 (a lone surrogate?)") from None
+    if len(encoded) > MAX_PATH_BYTES or path.count("/") > MAX_PATH_DEPTH:
+        raise ValueError(f"path is longer than {MAX_PATH_BYTES} bytes or {MAX_PATH_DEPTH} levels")
+    work = posixpath.normpath(work)
+    full = posixpath.normpath(posixpath.join(work, path))
+    if "\0" in path or not ((root_ok and full == work) or full.startswith(work + "/")):
+        raise ValueError(f"path {path!r} is outside the sandbox work directory {work}")
+    return full
 
 
 # -- protocols ----------------------------------------------------------------------------------

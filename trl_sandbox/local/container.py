@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from trl_sandbox.local.supervisor import protocol as _proto
-from trl_sandbox.sandbox import ExecResult, InfraError, SandboxSpec, exec_arguments
+from trl_sandbox.sandbox import ExecResult, InfraError, SandboxSpec, exec_arguments, sandbox_path
 
 if TYPE_CHECKING:
     from trl_sandbox.local.cgroups import SandboxGroup
@@ -43,10 +43,6 @@ _RESET = marshal.dumps((_proto.OP_RESET,), MARSHAL_VERSION)
 RESET_FRAME = LENGTH.pack(len(_RESET)) + _RESET
 # The requests a due reset goes ahead of: whatever runs a program or touches the scratch places.
 RESET_FIRST = frozenset((_proto.OP_EXEC, _proto.OP_WRITE, _proto.OP_READ))
-# Bounds on a file operation's path, checked on the host before it reaches the supervisor (whose
-# directory creation must not depend on the interpreter's recursion limit).
-MAX_PATH_BYTES = 4096
-MAX_PATH_DEPTH = 64
 STDERR_KEPT = 8192  # the tail of bwrap's stderr kept for _death_reason
 
 
@@ -331,19 +327,7 @@ class LocalSandbox:
         return self._provider.wall_bound(timeout)
 
     def _path(self, path: str) -> str:
-        work = self._provider.work_dir
-        if not isinstance(path, str):
-            raise TypeError(f"a sandbox path must be a str, not {type(path).__name__}")
-        try:
-            encoded = path.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ValueError(f"path {path!r} is not valid UTF-8 (a lone surrogate?)") from None
-        if len(encoded) > MAX_PATH_BYTES or path.count("/") > MAX_PATH_DEPTH:
-            raise ValueError(f"path is longer than {MAX_PATH_BYTES} bytes or {MAX_PATH_DEPTH} levels")
-        full = os.path.normpath(os.path.join(work, path))
-        if "\0" in path or not (full == work or full.startswith(work + "/")):
-            raise ValueError(f"path {path!r} is outside the sandbox work directory {work}")
-        return full
+        return sandbox_path(self._provider.work_dir, path)
 
     async def write_file(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
         if isinstance(data, str):

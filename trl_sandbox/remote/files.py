@@ -23,7 +23,7 @@ import errno
 import posixpath
 import uuid
 
-MAX_PATH_BYTES, MAX_PATH_DEPTH = 4096, 64
+from trl_sandbox.sandbox import sandbox_path
 
 FILE_OP = r"""
 import base64, os, stat, sys
@@ -87,20 +87,9 @@ except OSError as exc:
 
 def confine(work: str, path: str) -> tuple[str, str]:
     """``(full, relative)``: ``path`` (relative to ``work``, or absolute inside it) normalised;
-    ``ValueError`` when it leaves ``work`` or cannot be a path."""
-    if not isinstance(path, str):
-        raise TypeError(f"a sandbox path must be a str, not {type(path).__name__}")
-    try:
-        encoded = path.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError(f"path {path!r} is not valid UTF-8") from None
-    if len(encoded) > MAX_PATH_BYTES or path.count("/") > MAX_PATH_DEPTH:
-        raise ValueError(f"path is longer than {MAX_PATH_BYTES} bytes or {MAX_PATH_DEPTH} levels")
-    work = posixpath.normpath(work)
-    full = posixpath.normpath(posixpath.join(work, path))
-    if "\0" in path or not full.startswith(work + "/"):
-        raise ValueError(f"path {path!r} is outside the sandbox work directory {work}")
-    return full, full[len(work) + 1:]
+    ``ValueError`` when it leaves ``work`` or cannot be a path (``sandbox.sandbox_path``)."""
+    full = sandbox_path(work, path, root_ok=False)
+    return full, full[len(posixpath.normpath(work)) + 1:]
 
 
 def staging_path() -> str:
