@@ -185,10 +185,12 @@ def test_a_typed_array_beyond_the_heap_flag_is_a_memory_limit(pool, metered):
 
 # -- a process whose main thread is gone -------------------------------------------------------
 
-# Test 1 leaves a child whose main thread exits while another thread lives on (the kernel shows it
-# as a zombie), named "survivor"; every later test looks for it and prints a wrong answer if found.
-SURVIVOR = """
+# Python helpers for both judges' programs: ``leave_survivor()`` forks a child whose main thread
+# exits while another thread, named "survivor", lives on (the kernel shows the child as a zombie);
+# it returns whether that means worked. ``survivors()`` finds such threads' processes.
+SURVIVOR_KIT = """
 import ctypes, os, threading, time
+
 def survivors():
     found = []
     for pid in os.listdir("/proc"):
@@ -200,25 +202,32 @@ def survivors():
         except OSError:
             pass
     return found
-a, b = map(int, input().split())
-earlier = survivors()
-if a == 1:
+
+def _leader_state():  # "Z" once the main thread has exited (the other thread names itself first)
+    mine = survivors()
+    return open("/proc/%s/stat" % mine[0]).read().rsplit(")", 1)[1].split()[0] if mine else "?"
+
+def leave_survivor():
     if os.fork() == 0:
         for fd in (0, 1, 2):
             os.dup2(os.open(os.devnull, os.O_RDWR), fd)
         def live():
-            libc = ctypes.CDLL(None)
-            libc.prctl(15, b"survivor", 0, 0, 0)
+            ctypes.CDLL(None).prctl(15, b"survivor", 0, 0, 0)
             time.sleep(30)
         threading.Thread(target=live).start()
         ctypes.CDLL(None).pthread_exit(None)
-    def state():  # the leader's: "Z" once its main thread has exited (the other thread names itself first)
-        mine = survivors()
-        return open("/proc/%s/stat" % mine[0]).read().rsplit(")", 1)[1].split()[0] if mine else "?"
     deadline = time.monotonic() + 5
-    while state() != "Z" and time.monotonic() < deadline:
+    while _leader_state() != "Z" and time.monotonic() < deadline:
         time.sleep(0.01)
-    print(a + b if state() == "Z" else "the means failed: %s %s" % (survivors(), state()))
+    return _leader_state() == "Z"
+"""
+
+# Test 1 leaves a survivor (and checks the means); every later test prints a wrong answer if it finds one.
+SURVIVOR = SURVIVOR_KIT + """
+a, b = map(int, input().split())
+earlier = survivors()
+if a == 1:
+    print(a + b if leave_survivor() else "the means failed")
 else:
     print(a + b if not earlier else "found %s" % earlier)
 """
@@ -355,44 +364,16 @@ def test_time_spent_waiting_for_a_cpu_is_not_the_programs():
 
 # -- the same survivor in the function judge ---------------------------------------------------
 
-SURVIVOR_CANDIDATE = '''
-import ctypes, os, threading, time
-
-def _survivors():
-    found = []
-    for pid in os.listdir("/proc"):
-        try:
-            for tid in os.listdir("/proc/%s/task" % pid):
-                with open("/proc/%s/task/%s/comm" % (pid, tid)) as fh:
-                    if fh.read().strip() == "survivor":
-                        found.append(pid)
-        except OSError:
-            pass
-    return found
-
+SURVIVOR_CANDIDATE = SURVIVOR_KIT + """
 def max_subarray_sum(xs):
     best = cur = xs[0]
     for x in xs[1:]:
         cur = max(x, cur + x)
         best = max(best, cur)
     if LEAVE:
-        if os.fork() == 0:
-            for fd in (0, 1, 2):
-                os.dup2(os.open(os.devnull, os.O_RDWR), fd)
-            def live():
-                ctypes.CDLL(None).prctl(15, b"survivor", 0, 0, 0)
-                time.sleep(30)
-            threading.Thread(target=live).start()
-            ctypes.CDLL(None).pthread_exit(None)
-        def state():  # the leader's: "Z" once its main thread has exited (the thread names itself first)
-            mine = _survivors()
-            return open("/proc/%s/stat" % mine[0]).read().rsplit(")", 1)[1].split()[0] if mine else "?"
-        deadline = time.monotonic() + 5
-        while state() != "Z" and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return best if state() == "Z" else None  # the means: its leader reads as a zombie, its thread lives
-    return best if not _survivors() else None
-'''
+        return best if leave_survivor() else None  # the means: its leader reads as a zombie, its thread lives
+    return best if not survivors() else None
+"""
 
 
 def test_a_candidate_whose_main_thread_exited_leaves_nothing_for_the_next_program():
