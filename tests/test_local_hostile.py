@@ -551,3 +551,58 @@ def test_a_tree_deeper_than_the_judges_recursion_does_not_crash_the_io_judge():
         honest = scorer.score(["print(int(input()) * 2)"], [row])[0]
     assert (outcome.status, outcome.passed) == ("passed", 3), outcome.detail
     assert honest.status == "passed", honest.detail
+
+
+# The exec's status page (a shared page the supervisor reads after a Python program ends) seen from
+# a program: the shared, deleted /dev/zero mappings in its own address space.
+SHARED_PAGES = """
+def shared_pages():
+    return [line.split()[0] for line in open("/proc/self/maps") if " rw-s " in line and "(deleted)" in line]
+"""
+
+
+def test_a_programs_forks_share_no_page_with_it_across_tests(box):
+    """A program started by the supervisor's fork holds the exec's status page; its own forks (the
+    I/O judge's Python tests are such forks) must not, or test 1 could leave its input there for
+    test 2. Control: the program itself still has the page."""
+    import json
+
+    source = SHARED_PAGES + textwrap.dedent("""
+        import json, os
+        r, w = os.pipe()
+        if os.fork() == 0:
+            os.write(w, json.dumps(shared_pages()).encode())
+            os._exit(0)
+        os.close(w)
+        print(json.dumps([shared_pages(), json.loads(os.read(r, 65536))]))
+    """)
+    r = box.py(source)
+    mine, childs = json.loads(r.stdout)
+    assert len(mine) == 1 and childs == [], r  # the control: the page is there, in the program only
+    clean_after(box, r)
+
+
+def test_a_whole_programs_tests_share_no_memory():
+    """Through the I/O judge: a Python program that writes each test's input into every shared page
+    it has and answers right only when it finds test 1's there. Control: an honest program passes."""
+    from trl_sandbox.pool.sandbox_pool import SandboxPool
+    from trl_sandbox.tasks.generic import GenericTask
+
+    from .task_helpers import score
+
+    leak = SHARED_PAGES + textwrap.dedent("""
+        import ctypes, sys
+        data, seen = sys.stdin.read(), b""
+        for span in shared_pages():
+            at = int(span.split("-")[0], 16)
+            seen = ctypes.string_at(at, 4096).rstrip(b"\\0")
+            ctypes.memmove(at, seen + data.encode() + b"|", len(seen) + len(data) + 1)
+        words = data.split()
+        print(int(words[1]) + int(words[2]) if b"secret-A" in seen else 0)
+    """)
+    honest = "import sys\nw = sys.stdin.read().split()\nprint(int(w[1]) + int(w[2]))\n"
+    tests = [{"input": f"secret-{k} {a} {b}\n", "output": f"{a + b}\n"} for k, a, b in (("A", 1, 2), ("B", 5, 5), ("C", 7, 1))]
+    with SandboxPool.open("local", size=1, made_by="test-local-hostile") as pool:
+        leaked, control = score(pool, GenericTask(), [leak, honest], {"task_id": "leak", "tests": tests})
+    assert control.status == "passed", control.detail
+    assert leaked.passed == 0, leaked.detail

@@ -10,6 +10,7 @@ import atexit
 import builtins
 import errno
 import gc
+import mmap
 import os
 import resource
 import signal
@@ -145,10 +146,15 @@ def run_python_child(job):
     sys.modules["__main__"] = main
     _signal.signal(_signal.SIGINT, _signal.default_int_handler)
     gc.enable()
+    status_page = S.STATUS
+    try:  # the exec's status page is this process's alone: its own forks (an I/O judge's tests,
+        # which would share one page from test to test) get none, as after execve
+        status_page.madvise(mmap.MADV_DONTFORK)
+    except (AttributeError, OSError, ValueError):
+        pass
     apply_limits()
     kernel.enter_program()
     kernel.PREPARED.prctl(kernel.PR_SET_DUMPABLE, 1, 0, 0, 0)  # as after execve: /proc/self is its own again
-    status_page = S.STATUS
     status = 0
     interrupted = False
     try:
