@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "trl_sandbox"
-MAX_TOP_LEVEL = 12
+MAX_TOP_LEVEL = 14  # the folders DESIGN.md lays out (environments/, agents/ included) and three modules
 MAX_LINES = 420  # "about 400"
 
 # Each folder's place, lowest first: a module may import its own folder and any folder ranked
@@ -22,6 +22,7 @@ RANKS = {
     "trl_sandbox.sandbox": 0,
     "trl_sandbox.plugins": 1,
     "trl_sandbox.judge": 2,
+    "trl_sandbox.environments": 2,
     "trl_sandbox.local": 3,
     "trl_sandbox.remote": 3,
     "trl_sandbox.pool": 4,
@@ -146,7 +147,7 @@ def test_the_one_way_check_sees_an_upward_import():
     assert folder("trl_sandbox.local.supervisor.main") == "trl_sandbox.local"
 
 
-def test_the_top_level_holds_at_most_twelve_entries():
+def test_the_top_level_holds_at_most_fourteen_entries():
     entries = sorted(p.name for p in PACKAGE.iterdir() if p.name != "__pycache__")
     assert len(entries) <= MAX_TOP_LEVEL, entries
 

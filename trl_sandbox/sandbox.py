@@ -266,6 +266,9 @@ class Program:
     files: tuple[tuple[str, bytes], ...] = ()
     timeout: float = 1.0
     nonce_on_stdin: bool = False
+    # The row's prepared environment (``environments.spec.EnvironmentSpec``): the program runs in
+    # its own copy of it. ``None``: the sandbox's empty working directory.
+    environment: Any = None
 
     def key(self, salt: str = "") -> str:
         """A hash of everything that determines the result (for dedup within a batch and caching)."""
@@ -278,6 +281,8 @@ class Program:
         for path, data in self.files:
             h.update(path.encode("utf-8", "surrogatepass") + b"\0")
             h.update(hashlib.sha256(data).digest())
+        if self.environment is not None:
+            h.update(b"environment\0" + repr(self.environment).encode("utf-8", "surrogatepass"))
         return h.hexdigest()
 
 

@@ -6,8 +6,9 @@ The container: new user, pid, network, ipc, uts and cgroup namespaces; ``/usr`` 
 synthetic ``passwd``/``group``/``hosts``; a read-only root; tmpfs mount points for the scratch
 places (the supervisor mounts its own size-capped tmpfs on each, per lease); an environment
 cleared of the host's variables; an unprivileged uid inside. The supervisor keeps
-``CAP_SYS_ADMIN`` and ``CAP_SETPCAP`` *of the sandbox's user namespace* (``--cap-add``), which
-it needs to give every program a clean kernel and every lease fresh mounts; programs get none.
+``CAP_SYS_ADMIN``, ``CAP_SETPCAP`` and ``CAP_DAC_OVERRIDE`` *of the sandbox's user namespace*
+(``--cap-add``), which it needs to give every program a clean kernel and every lease fresh mounts
+(overlayfs wants the last of a lease's copy of a prepared environment); programs get none.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from trl_sandbox.judge.meter import METER_DIR
 from trl_sandbox.local import mounts
+from trl_sandbox.local.supervisor.protocol import ENV_LAYER, ENV_ROOT
 from trl_sandbox.sandbox import ConfigError
 
 if TYPE_CHECKING:
@@ -113,6 +115,10 @@ class Command:
         self.version = bwrap_version(bwrap)
         self.disable_userns = self.version >= (0, 8)
         self.tmpfs_perms = self.version >= (0, 8)
+        # Prepared environments (local/environments.py): the cache of prepared trees, bound
+        # read-only, and the places a lease's copy may be mounted.
+        self.env_root: str | None = None
+        self.mount_points: tuple[str, ...] = ()
 
     def scratch(self) -> list[list]:
         """(path, size in MiB, mode) of the tmpfs the supervisor mounts on every lease."""
@@ -136,7 +142,7 @@ class Command:
         args = [self.bwrap, "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--as-pid-1"]
         if self.disable_userns:
             args.append("--disable-userns")
-        args += ["--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETPCAP", "--clearenv"]
+        args += ["--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETPCAP", "--cap-add", "CAP_DAC_OVERRIDE", "--clearenv"]
         for key, value in env.items():
             args += ["--setenv", key, value]
         args += ["--ro-bind", "/usr", "/usr"]
@@ -154,6 +160,10 @@ class Command:
         args += ["--proc", "/proc", *mounts.proc_args(), "--dev", "/dev"]
         for path in meter:
             args += ["--ro-bind", path, f"{METER_DIR}/{os.path.basename(path)}"]
+        if self.env_root is not None:
+            args += ["--ro-bind", self.env_root, ENV_ROOT, "--dir", ENV_LAYER]
+            for point in self.mount_points:
+                args += (["--perms", "0755"] if self.tmpfs_perms else []) + ["--dir", point]
         # Mount points only: the supervisor mounts the size-capped tmpfs that programs use on top.
         for dest, perms in ((self.work_dir, "0755"), ("/tmp", "1777"), ("/dev/shm", "1777")):
             if self.tmpfs_perms:
@@ -175,6 +185,32 @@ class Command:
             "--", *command,
         ]
         return args, fds
+
+    def build_args(self, workdir: str, tree: str, network: bool, argv: Sequence[str]) -> list[str]:
+        """A one-off container that runs an environment's setup (``argv``) with ``tree`` bound
+        writable at ``workdir``: the same read-only system as a sandbox, a fresh /tmp, the
+        sandbox's uid; the host's network only when the environment asks for it."""
+        uid = str(self.uid)
+        args = [self.bwrap, "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session"]
+        if network:
+            args += ["--share-net", "--ro-bind-try", "/etc/resolv.conf", "/etc/resolv.conf",
+                     "--ro-bind-try", "/etc/ssl", "/etc/ssl", "--ro-bind-try", "/etc/ca-certificates",
+                     "/etc/ca-certificates"]
+        args += ["--clearenv", "--setenv", "PATH", LOCAL_PATH, "--setenv", "HOME", workdir,
+                 "--setenv", "LANG", "C.UTF-8", "--ro-bind", "/usr", "/usr"]
+        for d in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+            if os.path.islink(d):
+                args += ["--symlink", os.readlink(d), d]
+            elif os.path.isdir(d):
+                args += ["--ro-bind", d, d]
+        for path in (*ETC_FILES, *sorted(p for g in ETC_TOOLCHAIN_GLOBS for p in glob.glob(g))):
+            if os.path.exists(path):
+                args += ["--ro-bind", path, path]
+        for src, dest in self.binds:
+            args += ["--ro-bind", src, dest]
+        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", tree, workdir,
+                 "--uid", uid, "--gid", uid, "--hostname", "sandbox", "--chdir", workdir, "--", *argv]
+        return args
 
     def env(self, spec_env: Mapping[str, str]) -> dict[str, str]:
         env = {"PATH": LOCAL_PATH, "HOME": self.work_dir, "LANG": "C.UTF-8"}

@@ -15,12 +15,13 @@ import os
 import signal
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from trl_sandbox.local.supervisor import protocol as _proto
 from trl_sandbox.sandbox import ExecResult, InfraError, SandboxSpec, exec_arguments, sandbox_path
 
 if TYPE_CHECKING:
+    from trl_sandbox.environments.builds import Prepared
     from trl_sandbox.local.cgroups import SandboxGroup
 
 
@@ -28,6 +29,8 @@ class LocalProvider(Protocol):
     """What a sandbox reads of the ``trl_sandbox.local.provider.LocalProvider`` that made it."""
 
     _grace: float
+    work_size_mb: int
+    environments: Any  # local.environments.LocalEnvironments
     warm_tokens: dict[str, str]
     wall_timeouts: int
     work_dir: str
@@ -42,7 +45,7 @@ MARSHAL_VERSION = 4  # readable by every Python the supervisor supports (3.8+)
 _RESET = marshal.dumps((_proto.OP_RESET,), MARSHAL_VERSION)
 RESET_FRAME = LENGTH.pack(len(_RESET)) + _RESET
 # The requests a due reset goes ahead of: whatever runs a program or touches the scratch places.
-RESET_FIRST = frozenset((_proto.OP_EXEC, _proto.OP_WRITE, _proto.OP_READ))
+RESET_FIRST = frozenset((_proto.OP_EXEC, _proto.OP_WRITE, _proto.OP_READ, _proto.OP_ENV))
 STDERR_KEPT = 8192  # the tail of bwrap's stderr kept for _death_reason
 
 
@@ -70,6 +73,8 @@ class LocalSandbox:
         self._writer: asyncio.StreamWriter = proc.stdin
         self._lock = asyncio.Lock()
         self._reset_due = False  # see reset()
+        self._work = provider.work_dir  # where file operations land: a lease's environment may move it
+        self.environment_mode = ""  # how the last prepared environment was given: overlay or copy
         self._dead: str | None = None
         self._dead_by_host = False
         self._hang = False
@@ -327,7 +332,22 @@ class LocalSandbox:
         return self._provider.wall_bound(timeout)
 
     def _path(self, path: str) -> str:
-        return sandbox_path(self._provider.work_dir, path)
+        return sandbox_path(self._work, path)
+
+    async def use_environment(self, prepared: Prepared) -> None:
+        """Give this lease its private copy of a prepared environment (``supervisor/layers.py``):
+        an overlay over the read-only prepared tree at the environment's working directory, dropped
+        by the next reset. A failure is the sandbox's (``InfraError``): the pool replaces it."""
+        t0 = time.perf_counter()
+        try:
+            _, _, mode = await self._simple(
+                (_proto.OP_ENV, prepared.key, prepared.workdir, self._provider.work_size_mb))
+        except OSError as exc:
+            raise InfraError(f"sandbox {self.id} could not mount prepared environment {prepared.key[:12]}: "
+                             f"{exc}") from exc
+        self._work = prepared.workdir or self._provider.work_dir
+        self.environment_mode = mode.decode()
+        self._provider.environments.builds.stats.lease_ms.append((time.perf_counter() - t0) * 1000)
 
     async def write_file(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
         if isinstance(data, str):
@@ -347,6 +367,7 @@ class LocalSandbox:
         async with self._lock:
             self._check()
             self._reset_due = True
+            self._work = self._provider.work_dir
 
     def defer_reset(self) -> bool:
         """``reset`` without awaiting, for a pool taking the sandbox back: True when the reset is
@@ -355,6 +376,7 @@ class LocalSandbox:
         if self._lock.locked() or not self._usable():
             return False
         self._reset_due = True
+        self._work = self._provider.work_dir
         return True
 
     async def alive(self) -> bool:

@@ -88,11 +88,14 @@ import uuid
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 
+from trl_sandbox.environments.builds import Prepared
+from trl_sandbox.environments.spec import EnvironmentSpec
 from trl_sandbox.judge.verdict import JUDGE_SOURCE
 from trl_sandbox.local import mounts, toolchain_cache
 from trl_sandbox.local.cgroups import PID_HEADROOM, Cgroups, SandboxGroup
 from trl_sandbox.local.command import INSTALL_HINT, SCRATCH, SUPERVISOR_PATH, Command
 from trl_sandbox.local.container import LocalSandbox
+from trl_sandbox.local.environments import DEFAULT_MOUNT_POINTS, LocalEnvironments
 from trl_sandbox.local.usage import _Usage
 from trl_sandbox.plugins.settings import flag, number
 from trl_sandbox.sandbox import Capabilities, ConfigError, InfraError, SandboxInfo, SandboxSpec
@@ -169,6 +172,9 @@ class LocalProvider:
         wall_margin_s: float = 2.0,
         resident_judge: bool = True,
         cpp_pch: bool = True,
+        environment_cache: str | None = None,
+        environment_cache_mb: float = 20_000,
+        mount_points: Iterable[str] = DEFAULT_MOUNT_POINTS,
     ) -> None:
         found = shutil.which(bwrap)
         if not found:
@@ -239,6 +245,14 @@ class LocalProvider:
         # Extra supervisor configuration; {"exit_watch": "sigchld"} forces the Python 3.8 code path.
         self._supervisor_options: dict = {}
         self._command = Command(found, binds, sizes, uid, drop, self.work_dir, sites, package_binds)
+        self.work_size_mb = sizes["work"]
+        if isinstance(mount_points, str):
+            mount_points = [p.strip() for p in mount_points.split(",") if p.strip()]
+        self.environments = LocalEnvironments(
+            self._command, self.work_dir, environment_cache,
+            number("local", "environment_cache_mb", environment_cache_mb, required=True, positive=True),
+            tuple(mounts.check_mount_point(p) for p in mount_points), self._command.spawn_kwargs(),
+            host_uid if drop else None)
         self.python_version = self._command.probe(python)
         cpus = os.cpu_count() or 1
         self.capabilities = Capabilities(
@@ -263,6 +277,10 @@ class LocalProvider:
         """Per-step metrics: the isolation mode, the CPU seconds sandboxes used and the programs the
         wall-clock backstop ended since the last call (a CPU-budget timeout is an ordinary timeout)."""
         return self._usage.read()
+
+    async def prepare_environment(self, spec: EnvironmentSpec) -> Prepared:
+        """Build ``spec`` once per machine (or find it built); leases then ``use_environment``."""
+        return await self.environments.prepare(spec)
 
     def wall_bound(self, timeout: float) -> float:
         """The wall-clock seconds an exec with ``timeout`` may take (its backstop, in CPU mode)."""

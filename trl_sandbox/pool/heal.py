@@ -202,7 +202,7 @@ class PoolHealing:
 
     # -- keeping and replacing -------------------------------------------------------------------
 
-    async def _run_on(self, sandbox: Sandbox, argv, stdin, timeout, files, cwd, env) -> ExecResult:
+    async def _run_on(self, sandbox: Sandbox, argv, stdin, timeout, files, cwd, env, prepared=None) -> ExecResult:
         """Run one job on a leased sandbox; a failure is classified by what it says about the
         sandbox: ``_Lost`` (replace it), ``_Transient`` (keep it), ``_Broken`` (give up the job)."""
         # A provider whose timeout is CPU time (the local one) says how long an exec may take on
@@ -210,6 +210,8 @@ class PoolHealing:
         bound = getattr(sandbox, "wall_bound", None)
         deadline = (bound(timeout) if callable(bound) else timeout) + self.settings.exec_slack_s
         try:
+            if prepared is not None:  # the lease's own copy of the row's prepared environment
+                await within(sandbox.use_environment(prepared), deadline)
             for path, data in files:
                 await within(sandbox.write_file(path, data), deadline)
             t0 = time.perf_counter()

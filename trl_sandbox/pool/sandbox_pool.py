@@ -26,6 +26,8 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from trl_sandbox.environments.builds import Prepared
+from trl_sandbox.environments.spec import EnvironmentSpec
 from trl_sandbox.pool.close import PoolClosing
 from trl_sandbox.pool.heal import PoolHealing, _Broken, _Lost, _Transient
 from trl_sandbox.pool.idle_queue import IdleQueue
@@ -217,9 +219,10 @@ class SandboxPool(PoolHealing, PoolClosing):
         files: Sequence[tuple[str, bytes]] = (),
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
+        environment: EnvironmentSpec | None = None,
     ) -> ExecResult:
         """Synchronous ``aexec``. Raises ``InfraError`` when every attempt failed."""
-        return self.loop.run(self._aexec(argv, stdin, timeout, files, cwd, env))
+        return self.loop.run(self._aexec(argv, stdin, timeout, files, cwd, env, environment))
 
     async def aexec(
         self,
@@ -230,9 +233,27 @@ class SandboxPool(PoolHealing, PoolClosing):
         files: Sequence[tuple[str, bytes]] = (),
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
+        environment: EnvironmentSpec | None = None,
     ) -> ExecResult:
-        """Run one job on a leased sandbox, retrying infrastructure failures on fresh sandboxes."""
-        return await self.loop.wrap(self._aexec(argv, stdin, timeout, files, cwd, env))
+        """Run one job on a leased sandbox, retrying infrastructure failures on fresh sandboxes.
+        With ``environment``, the job runs in its own copy of that prepared environment, built
+        once (``SetupFailed``, an ``InfraError``, when its setup fails)."""
+        return await self.loop.wrap(self._aexec(argv, stdin, timeout, files, cwd, env, environment))
+
+    async def prepare_environment(self, spec: EnvironmentSpec) -> Prepared:
+        """Build ``spec`` once (or find it built) with this pool's provider; a lease then gets its
+        own copy with ``sandbox.use_environment``. ``ConfigError`` when the provider cannot."""
+        prepare = getattr(self.provider, "prepare_environment", None)
+        if prepare is None:
+            raise ConfigError(f"the {getattr(self.provider, 'name', '?')!r} provider cannot prepare environments "
+                              "(rows with an 'environment' column); use the local or ray provider")
+        return await prepare(spec)
+
+    def environment_metrics(self) -> dict[str, float]:
+        """Per-step counters of prepared environments (builds, build seconds, hit rate, lease ms)."""
+        environments = getattr(self.provider, "environments", None)
+        builds = getattr(environments, "builds", None)
+        return builds.drain().metrics() if builds is not None else {}
 
     async def aready(self) -> None:
         if self._loop is not None and not self._loop.in_loop():
@@ -357,12 +378,13 @@ class SandboxPool(PoolHealing, PoolClosing):
 
     # -- running a job ---------------------------------------------------------------------------
 
-    async def _aexec(self, argv, stdin, timeout, files, cwd, env) -> ExecResult:
+    async def _aexec(self, argv, stdin, timeout, files, cwd, env, environment=None) -> ExecResult:
         """Up to ``max_attempts`` leases. A transient error (429, 503, transport) keeps the sandbox:
         it goes back through a reset, so the next attempt still starts clean. A sandbox that is
         gone, dead or past its deadline is replaced. A provider's unexpected exception fails the
         job at once (it would recur) and replaces the sandbox."""
         last: BaseException | None = None
+        prepared = await self.prepare_environment(environment) if environment is not None else None
         attempts = max(1, self.settings.max_attempts)
         for attempt in range(1, attempts + 1):
             if attempt > 1:
@@ -371,7 +393,7 @@ class SandboxPool(PoolHealing, PoolClosing):
             sandbox = await self.checkout()
             verdict = "broken"
             try:
-                result = await self._run_on(sandbox, argv, stdin, timeout, files, cwd, env)
+                result = await self._run_on(sandbox, argv, stdin, timeout, files, cwd, env, prepared)
                 verdict = "kept"
                 return result
             except _Transient as exc:

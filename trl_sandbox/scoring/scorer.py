@@ -21,9 +21,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from trl_sandbox.environments.spec import row_environment
 from trl_sandbox.judge.content_guard import build_guarded, score_guarded
 from trl_sandbox.pool.sandbox_pool import SandboxPool
-from trl_sandbox.sandbox import ExecResult, Outcome, Program, Task
+from trl_sandbox.sandbox import ConfigError, ExecResult, Outcome, Program, Task
 from trl_sandbox.scoring.clip import clip_text
 from trl_sandbox.scoring.schemes import RewardScheme, get_scheme
 from trl_sandbox.tasks.resolve import resolve_task
@@ -271,6 +272,13 @@ class Scorer:
             if isinstance(built, Outcome):
                 finish(i, built)
                 continue
+            try:  # the row's prepared environment: the program runs in its own copy of it
+                environment = row_environment(row)
+            except ConfigError as exc:
+                finish(i, Outcome("infra", detail=f"the row's environment is malformed: {exc}"))
+                continue
+            if environment is not None:
+                built = replace(built, environment=environment)
             key = built.key(self._salt)
             by_key.setdefault(key, (built, []))[1].append(i)
 
@@ -298,7 +306,8 @@ class Scorer:
                     stdin = nonce + stdin
                 try:
                     result = await self.pool.aexec(
-                        program.argv, stdin=stdin, timeout=program.timeout, files=program.files
+                        program.argv, stdin=stdin, timeout=program.timeout, files=program.files,
+                        environment=program.environment,
                     )
                 except Exception as exc:
                     for i in indices:

@@ -29,6 +29,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+from trl_sandbox.environments.spec import row_environment
 from trl_sandbox.pool.sandbox_pool import SandboxPool
 from trl_sandbox.sandbox import ConfigError, ExecResult, InfraError, Outcome, Sandbox, SandboxOutageError
 from trl_sandbox.scoring.clip import clip_bytes, clip_text, utf8_size
@@ -169,7 +170,9 @@ class SandboxEnvironment:
     # -- episode -----------------------------------------------------------------------------
 
     def reset(self, **row: Any) -> str | None:
-        """Start an episode for ``row``: a clean sandbox, with ``row["files"]`` (path -> text) written in.
+        """Start an episode for ``row``: a clean sandbox, with ``row["files"]`` (path -> text) written in;
+        with ``row["environment"]``, the sandbox's working directory is the episode's own copy of
+        that prepared environment (built once per machine; a failed setup scores the episode None).
 
         Never raises for a sandbox problem (TRL calls it without a ``try``): a sandbox that cannot
         take the row's files is discarded and replaced, and an episode that gets no usable sandbox
@@ -181,6 +184,10 @@ class SandboxEnvironment:
         self._row = dict(row)
         self._lost = None
         files = _row_files(row)
+        try:
+            spec = row_environment(row)
+        except ConfigError as exc:
+            raise ConfigError(f"dataset row {_row_name(row)}: {exc}") from exc
         row_attempts = row.get("max_attempts")
         self._attempts_left = (self.max_attempts if row_attempts is None
                                else _attempts(row_attempts, f"dataset row {_row_name(row)}: max_attempts"))
@@ -192,6 +199,15 @@ class SandboxEnvironment:
             # Before any sandbox was ever up, a failure is a setup error (no key, no quota, no
             # bwrap): raise it now rather than train on nothing. Later outages score None.
             self._pool.wait_ready()
+        prepared = None
+        if spec is not None:
+            try:  # built once per machine; a failed setup scores the episode None
+                prepared = self._pool.loop.run(self._pool.prepare_environment(spec))
+            except ConfigError:
+                raise
+            except Exception as exc:
+                self._lose(exc)
+                return row.get("observation")
         for _ in range(RESET_ATTEMPTS):
             self._pool.grow(_count_holder(self._pool, +1) + JUDGE_HEADROOM)
             try:
@@ -204,6 +220,8 @@ class SandboxEnvironment:
                 self._lose(exc)
                 return row.get("observation")
             try:
+                if prepared is not None:  # the episode's own copy of the row's environment
+                    self._call(self._sandbox.use_environment(prepared))
                 for path, data in files.items():
                     self._call(self._sandbox.write_file(path, data))
                 return row.get("observation")

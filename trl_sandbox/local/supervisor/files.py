@@ -11,7 +11,7 @@ import gc
 import os
 import stat
 
-from . import kernel, resident
+from . import kernel, layers, resident
 from . import state as S
 from .protocol import K_DATA, K_OK, receive_raw, reply, reply_files
 
@@ -111,6 +111,7 @@ def do_reset(request):
     # judge is all there can be; it holds nothing of the scratch places and stays.
     if resident.PID is None or resident.leftovers():
         resident.sweep()
+    layers.drop()
     fresh_scratch()
     gc.collect()
     gc.freeze()

@@ -3,7 +3,8 @@ instruction, and the fresh scratch mounts of every lease.
 
 The supervisor (PID 1) keeps two capabilities of the sandbox's user namespace, granted by
 bwrap's ``--cap-add``: ``CAP_SYS_ADMIN`` (to own a mount namespace and mount tmpfs, and to give
-each child its own IPC namespace) and ``CAP_SETPCAP`` (to empty a child's bounding set). A child
+each child its own IPC namespace), ``CAP_SETPCAP`` (to empty a child's bounding set) and
+``CAP_DAC_OVERRIDE`` (overlayfs asks it of whoever mounts a lease's copy of a prepared environment). A child
 then, before any program code runs:
 
 1. in memory mode ``"cgroup"``, ``unshare(CLONE_NEWIPC)``: fresh SysV IPC and POSIX message

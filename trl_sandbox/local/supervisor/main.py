@@ -19,11 +19,11 @@ import resource
 import signal
 import sys
 
-from . import files, forker, kernel, protocol, resident
+from . import files, forker, kernel, layers, protocol, resident
 from . import state as S
 from .child import EXIT_CANNOT_RUN, child_fail, run_exec_child, run_python_child
 from .forkserver import do_exec
-from .protocol import K_ERROR, K_OK, OP_CONFIG, OP_EXEC, OP_PING, OP_READ, OP_RESET, OP_WRITE, reply
+from .protocol import K_ERROR, K_OK, OP_CONFIG, OP_ENV, OP_EXEC, OP_PING, OP_READ, OP_RESET, OP_WRITE, reply
 
 ENTRY_DIR = "/.trl-sandbox"  # where the host ships these files in; never on a program's sys.path
 
@@ -128,6 +128,7 @@ def configure(config):
     files.SCRATCH[:] = [(p, int(size), int(mode)) for p, size, mode in config.get("scratch", ())]
     kernel.own_mount_namespace()
     files.fresh_scratch()
+    layers.cover_idle()
     kernel.prepare(S.MEMORY_MODE)
     # A child's standard streams, made once here: its fds 0-2 have these numbers, and its copies
     # of these objects start out empty. Encodings and error handlers are the ones this
@@ -274,7 +275,8 @@ def make_streams(stdio, unbuffered):
 
 def serve():
     """Answer requests until the host goes away. Returns a job only in a forked child."""
-    handlers = {OP_WRITE: files.do_write, OP_READ: files.do_read, OP_RESET: files.do_reset}
+    handlers = {OP_WRITE: files.do_write, OP_READ: files.do_read, OP_RESET: files.do_reset,
+                OP_ENV: layers.do_environment}
     reply(K_OK, part1="python {}.{}.{}".format(*sys.version_info[:3]).encode())
     while True:
         request = protocol.read_request()

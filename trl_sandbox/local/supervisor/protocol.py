@@ -7,7 +7,8 @@ Protocol (integers little-endian):
   env|None)`` followed by ``stdin_len`` raw bytes of stdin (spliced straight into a memfd, never
   held in the supervisor's memory); ``(WRITE, path, size, mode)`` followed by ``size`` raw bytes of the file's contents (spliced
   into the file); ``(READ, path)``;
-  ``(RESET,)``; ``(PING,)``.
+  ``(RESET,)``; ``(PING,)``; ``(ENV, key, workdir|None, size_mb)`` (the lease's copy of a prepared
+  environment: ``layers.py``).
 * supervisor -> host: a fixed 24-byte header ``kind:u8 flags:u8 pad:2 code:i32 duration:f64
   len1:u32 len2:u32`` followed by ``len1 + len2`` bytes. ``kind`` is ``K`` (ok; the first one,
   sent once the configuration is applied, carries the interpreter version), ``R`` (an exec
@@ -22,10 +23,14 @@ import marshal
 import os
 import struct
 
-OP_CONFIG, OP_EXEC, OP_WRITE, OP_READ, OP_RESET, OP_PING = 1, 2, 3, 4, 5, 6
+OP_CONFIG, OP_EXEC, OP_WRITE, OP_READ, OP_RESET, OP_PING, OP_ENV = 1, 2, 3, 4, 5, 6, 7
 K_OK, K_RESULT, K_DATA, K_ERROR = b"K"[0], b"R"[0], b"D"[0], b"E"[0]
 F_TIMED_OUT, F_OOM, F_TRUNCATED = 1, 2, 4
 F_WALL = 8  # with F_TIMED_OUT: the wall-clock backstop ended it, not its CPU budget
+# Prepared environments (``layers.py``): where the host binds its cache of prepared trees, and the
+# mount point of a lease's writable layer.
+ENV_ROOT = "/run/trl-sandbox-envs"
+ENV_LAYER = "/run/trl-sandbox-layer"
 HEADER = struct.Struct("<BBxxidII")
 LENGTH = struct.Struct("<I")
 

@@ -1,0 +1,116 @@
+"""The local provider's prepared environments: each built once in a one-off bubblewrap container,
+then given to every lease as an overlay (``supervisor/layers.py``).
+
+A build writes the environment's files into a fresh tree, binds it writable at the environment's
+working directory in a container like a sandbox (read-only system, the sandbox's uid, no network
+unless ``setup_network``) and runs the setup commands there in order, each in its own shell. The
+tree then enters the cache (``environments/cache.py``) and is never written again: leases see it
+through their own overlay, read-only underneath. The files are owned by the uid that runs the
+sandboxes, so that a lease's copy-up keeps them its own (a file of an unmapped uid cannot be
+copied up: EOVERFLOW).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from trl_sandbox.environments.builds import OUTPUT_KEPT, Builds, Prepared, SetupFailed
+from trl_sandbox.environments.cache import EnvironmentCache
+from trl_sandbox.environments.spec import EnvironmentSpec
+from trl_sandbox.sandbox import ConfigError
+
+if TYPE_CHECKING:
+    from trl_sandbox.local.command import Command
+
+# Where a lease's copy may be mounted besides the work directory: the working directories the
+# published task layouts use. A sandbox makes these (empty) mount points when it starts.
+DEFAULT_MOUNT_POINTS = ("/app", "/testbed", "/workspace", "/repo", "/code")
+# Runs each setup command in its own shell, in order; the first failure ends the build.
+SETUP_LOOP = 'for c in "$@"; do /bin/sh -c "$c" || { s=$?; echo "setup: exit $s: $c" >&2; exit $s; }; done'
+
+
+def _tail(data: bytes) -> str:
+    text = data.decode("utf-8", "replace")
+    return text if len(text) <= OUTPUT_KEPT else "..." + text[-OUTPUT_KEPT:]
+
+
+def _chown_tree(tree: Path, uid: int) -> None:
+    for root, dirs, files in os.walk(tree):
+        for name in dirs + files:
+            os.lchown(os.path.join(root, name), uid, uid)
+    os.lchown(tree, uid, uid)
+
+
+def _check_reachable(root: Path, uid: int) -> None:
+    """bubblewrap runs as ``uid`` (the provider's ``host_uid``) and binds the cache: every directory
+    above it must let that uid through."""
+    path = root.resolve()
+    for directory in [path, *path.parents]:
+        st = directory.stat()
+        if not (st.st_mode & 0o001 or (st.st_uid == uid and st.st_mode & 0o100)):
+            raise ConfigError(
+                f"environment_cache={str(root)!r}: the sandboxes run as uid {uid}, which cannot enter {directory}; "
+                "choose a cache directory every user can reach (the default as root is "
+                "/var/cache/trl-sandbox/environments), or `chmod o+x` that directory")
+
+
+class LocalEnvironments:
+    """Build and lease prepared environments for one ``LocalProvider``."""
+
+    def __init__(self, command: Command, work_dir: str, cache_dir: str | None, cache_mb: float,
+                 mount_points: tuple[str, ...], spawn_kwargs: dict, owner: int | None) -> None:
+        self.command = command
+        self.work_dir = work_dir
+        self.mount_points = tuple(mount_points)
+        self._spawn = spawn_kwargs
+        self._owner = owner
+        self.cache = EnvironmentCache(cache_dir, cache_mb, owner=owner)
+        if owner is not None:
+            _check_reachable(self.cache.root, owner)
+        self.builds = Builds(self.cache, "local", self._build)
+        command.env_root = str(self.cache.root)
+        command.mount_points = self.mount_points
+
+    def check(self, spec: EnvironmentSpec) -> None:
+        """What this provider cannot give, as a ``ConfigError`` that says what to change."""
+        if spec.base != "host":
+            raise ConfigError(f"environment.base={spec.base!r}: the local provider prepares environments on the "
+                              "host's system only (base 'host')")
+        if spec.workdir is not None and spec.workdir != self.work_dir and spec.workdir not in self.mount_points:
+            raise ConfigError(
+                f"environment.workdir={spec.workdir!r} is not a mount point of the local sandbox; use "
+                f"{self.work_dir} or one of {', '.join(self.mount_points)}, or add it to the local provider "
+                "setting mount_points")
+
+    async def prepare(self, spec: EnvironmentSpec) -> Prepared:
+        self.check(spec)
+        return await self.builds.prepare(spec)
+
+    def _build(self, spec: EnvironmentSpec, key: str, staging: Path) -> dict:
+        tree = staging / "tree"
+        for path, text in spec.files:
+            target = tree / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text, encoding="utf-8")
+        if self._owner is not None and os.geteuid() == 0:
+            _chown_tree(tree, self._owner)
+        output = b""
+        if spec.setup:
+            workdir = spec.workdir or self.work_dir
+            args = self.command.build_args(workdir, str(tree), spec.setup_network,
+                                           ["/bin/sh", "-c", SETUP_LOOP, "setup", *spec.setup])
+            try:
+                done = subprocess.run(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, timeout=spec.setup_timeout, **self._spawn)
+            except subprocess.TimeoutExpired as exc:
+                raise SetupFailed(f"setup timed out after {spec.setup_timeout:g} s; output: "
+                                  f"{_tail(exc.stdout or b'')}") from None
+            except OSError as exc:
+                raise SetupFailed(f"setup could not start: {exc}") from exc
+            output = done.stdout
+            if done.returncode != 0:
+                raise SetupFailed(f"setup failed (exit {done.returncode}); output: {_tail(output)}")
+        return {"spec": spec.describe(), "output": _tail(output)}
