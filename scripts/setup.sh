@@ -71,6 +71,16 @@ if [ -n "$DEBIAN_MISSING" ]; then
   system_install "$DEBIAN_MISSING" "$FEDORA_MISSING"
 fi
 
+# 1c. With the test extras: umoci, which the environment-base tests use to cross-check the
+#     project's own OCI unpacker (the library never needs it; without it that test is skipped).
+case ",$EXTRAS," in
+  *,test,*)
+    if ! command -v umoci >/dev/null 2>&1; then
+      echo "setup: installing umoci (a cross-check for the OCI base tests)" >&2
+      (system_install umoci umoci) || echo "setup: umoci not installed; its cross-check test will be skipped" >&2
+    fi ;;
+esac
+
 # 2. The virtual environment (Debian's system Python needs python3-venv for it).
 if [ ! -x "$VENV/bin/python" ]; then
   if ! "$PYTHON" -m venv "$VENV" >/dev/null 2>&1; then
