@@ -45,11 +45,11 @@ def tmp_path():
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _run(tmp_path, argv: list[str], **spec) -> subprocess.CompletedProcess:
+def _run(tmp_path, argv: list[str], user_ns: bool = True, **spec) -> subprocess.CompletedProcess:
     work = tmp_path / "work"
     work.mkdir(exist_ok=True)
     os.chmod(work, 0o777)
-    launcher, tag = Lease(isolation="userns").argv(argv, work=str(work), cwd=None, limits=None, timeout=3,
+    launcher, tag = Lease(isolation="userns", user_ns=user_ns).argv(argv, work=str(work), cwd=None, limits=None, timeout=3,
                                                      cap=1 << 20, **spec)
     launcher = [PYTHON if a == "python3" else a for a in launcher]
     return subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", *launcher],
@@ -98,3 +98,14 @@ def test_control_a_plain_process_of_nobody_reaches_the_port(tmp_path):
     finally:
         server.close()
     assert done.stdout.startswith("reached"), (done, sys.executable)
+
+
+def test_userns_mode_runs_the_program_as_uid_1000_without_capabilities(tmp_path):
+    """Inside the launcher's own user namespace, the program enters one more: uid 1000, no
+    capability, no hostname, no mount. Control: without it the program is uid 0 there."""
+    nested = _run(tmp_path, ["python3", "-c", attacks._PRIVILEGE])
+    flat = _run(tmp_path, ["python3", "-c", attacks._PRIVILEGE], user_ns=False)
+    report, control = json.loads(nested.stdout), json.loads(flat.stdout)
+    assert (report["uid"], report["gid"], report["caps"]) == (1000, 1000, 0), report
+    assert all(report[k] != "done" for k in ("sethostname", "mount", "sysctl")), report
+    assert report["parent_caps"] != 0 and control["uid"] == 0, (report, control)

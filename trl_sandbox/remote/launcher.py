@@ -18,8 +18,12 @@ the program gets control, in this order:
    unless the spec allows the network, a network namespace with only loopback; ``/proc/sys`` and
    the kernel's other writable interfaces are read-only, its keyrings fresh, and the init's signal
    dispositions all the default, so that nothing a program sends ends it (``launcher_isolation``).
-   In ``sweep`` mode the program runs as ``uid`` (when the launcher may switch to it), the launcher
-   ignores every signal but SIGCHLD, and the sweep runs again after the program exits. In both
+   Without the network, the Unix sockets bound in the file system by the sandbox's processes are
+   covered by the null device. With ``user``, the program enters a user namespace of its own as
+   that uid (mapped onto the launcher's user) before its exec, which then clears every capability.
+   In ``sweep`` mode the program runs as ``uid`` (when the launcher may switch to it), with
+   ``private`` in network, IPC, UTS and mount namespaces of its own (``/proc/sys`` read-only), the
+   launcher ignores every signal but SIGCHLD, and the sweep runs again after the program exits. In both
    modes, with ``cap``, the program's stdout and stderr are pipes the launcher copies up to ``cap``
    bytes each (``streams``).
 
@@ -52,7 +56,10 @@ if "shed_capabilities" not in globals():  # every mode sends it
         default_signals,
         enter_namespaces,
         fresh_keyrings,
+        listening_sockets,
+        own_user,
         private_namespaces,
+        private_sweep,
         seal_filesystem,
         shed_capabilities,
     )
@@ -85,8 +92,11 @@ def program(spec, argv, stdin_data):
             os.close(fd)
         os.chdir(spec.get("cwd") or spec["work"])
         limit(spec)
+        sweep_mode = spec.get("mode") == "sweep"
+        if sweep_mode and spec.get("private"):
+            isolate(spec, private_sweep, spec.get("network"))
         uid = spec.get("uid")
-        if spec.get("mode") == "sweep" and uid is not None and os.geteuid() == 0:
+        if sweep_mode and uid is not None and os.geteuid() == 0:
             try:
                 os.setgroups([])
                 os.setgid(uid)
@@ -94,6 +104,8 @@ def program(spec, argv, stdin_data):
             except OSError:
                 pass  # the probe said so: the program keeps the launcher's user
         fresh_keyrings()
+        if not sweep_mode and spec.get("user") is not None:
+            isolate(spec, own_user, spec["user"])
         # In both modes: a program with CAP_SYS_ADMIN could unmount the /proc the sweep and the
         # namespace rely on, or enter another namespace; with CAP_KILL signal what is not its own.
         shed_capabilities()
@@ -108,6 +120,16 @@ def program(spec, argv, stdin_data):
         os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
 
 
+def isolate(spec, step, *args):
+    """One isolation step the probe found the image allows, in the program's fork: if it fails
+    now, the exec is the launcher's failure (its line on the program's stdout), never a program
+    run with less than the lease promised."""
+    try:
+        step(*args)
+    except OSError as exc:
+        fail(spec, f"{step.__name__}: {exc}")
+
+
 def init(spec, argv, stdin_data, alive, report):
     """PID 1 of the program's namespace: dies with the launcher; seals the filesystem; starts the
     program and reaps every orphan until the program ends; then reports its wait status and exits,
@@ -120,8 +142,11 @@ def init(spec, argv, stdin_data, alive, report):
         pass
     else:
         os._exit(1)
+    # Without the network, the sandbox's sockets in the file system go out of sight too (its own
+    # network namespace hides the abstract ones): listed before that namespace is made.
+    sockets = () if spec.get("network") else listening_sockets()
     private_namespaces(spec.get("network"))
-    seal_filesystem(spec["work"], spec.get("hide") or ())
+    seal_filesystem(spec["work"], spec.get("hide") or (), sockets)
     child = os.fork()
     if child == 0:
         os.close(report)

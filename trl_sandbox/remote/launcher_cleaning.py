@@ -103,8 +103,9 @@ def ipc_baseline():
 
 
 def wipe_ipc(spare):
-    """In ``sweep`` mode (no IPC namespace per program), on a reset: remove every SysV object and
-    POSIX message queue a program left (those the sandbox had when it was made are spared)."""
+    """In ``sweep`` mode (where a program may have no IPC namespace of its own), on a reset: remove
+    every SysV object and POSIX message queue a program left (the SysV objects the sandbox had when
+    it was made are spared)."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
@@ -115,11 +116,27 @@ def wipe_ipc(spare):
             if ident not in (spare.get(kind) or ()):
                 calls[kind](ident)
     if os.path.ismount("/dev/mqueue"):
-        for name in os.listdir("/dev/mqueue"):
-            try:
-                os.unlink(os.path.join("/dev/mqueue", name))
-            except OSError:
-                pass
+        empty_queues("/dev/mqueue")
+        return
+    # No mqueue file system to list the queues by: one of our own, in a mount namespace of a fork
+    # of ours (where we may make one: CAP_SYS_ADMIN), over /tmp there. Else the queues stay.
+    child = os.fork()
+    if child == 0:
+        try:
+            if libc.unshare(0x20000) == 0 and libc.mount(None, b"/", None, 16384 | (1 << 18), None) == 0 \
+                    and libc.mount(b"mqueue", b"/tmp", b"mqueue", 2 | 4 | 8, None) == 0:  # MS_REC|MS_PRIVATE
+                empty_queues("/tmp")
+        finally:
+            os._exit(0)
+    os.waitpid(child, 0)
+
+
+def empty_queues(where):
+    for name in os.listdir(where):
+        try:
+            os.unlink(os.path.join(where, name))
+        except OSError:
+            pass
 
 
 def remove(path):

@@ -68,6 +68,25 @@ def enter_namespaces():
     return "userns"
 
 
+#: The uid (and gid) a program is in the user namespace of its own that it enters before exec.
+PROGRAM_UID = 1000
+
+
+def own_user(uid=PROGRAM_UID):
+    """Enter a user namespace of the program's own in which it is ``uid``, mapped onto the
+    launcher's own user (so the work dir and what the daemon writes there stay its own): the exec
+    that follows clears every capability (``uid`` is not 0 there), and a process of a child user
+    namespace holds none in the lease's PID, mount, network, IPC or UTS namespaces, whatever it
+    does. The kernel's own permission checks still see the launcher's user (nothing else is
+    mapped), so the read-only mounts stay the defence of what that user owns."""
+    _prctl(PR_SET_DUMPABLE, 1)  # our /proc files (uid_map) our own: this fork holds nothing secret
+    uid0, gid0 = os.getuid(), os.getgid()
+    _check(LIBC.unshare(CLONE_NEWUSER), "unshare(user)")
+    _write("/proc/self/setgroups", "deny")
+    _write("/proc/self/uid_map", f"{uid} {uid0} 1")
+    _write("/proc/self/gid_map", f"{uid} {gid0} 1")
+
+
 # The kernel's own interfaces under a fresh /proc that a uid 0 without capabilities could still
 # write (sysctls, the SysRq trigger, IRQ affinities) or read about the host: read-only binds.
 PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs")
@@ -84,6 +103,16 @@ def private_namespaces(network):
     _check(LIBC.unshare(flags), "unshare(uts, ipc, net)")
     if not network:
         loopback_up()
+
+
+def private_sweep(network):
+    """In ``sweep`` mode where the image lets root make namespaces without a user namespace: the
+    program's own network, IPC and UTS namespaces, and a mount namespace of its own in which the
+    sandbox's ``/proc`` has its kernel interfaces read-only (as ``seal_proc``)."""
+    private_namespaces(network)
+    _check(LIBC.unshare(CLONE_NEWNS), "unshare(mount)")
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    seal_proc()
 
 
 def loopback_up():
@@ -115,11 +144,11 @@ def seal_proc():
             _mount(os.devnull, path, None, MS_BIND)
 
 
-def seal_filesystem(work, hide=()):
+def seal_filesystem(work, hide=(), sockets=()):
     """In the program's own mount namespace: a fresh /proc (its kernel interfaces read-only), a
     read-only root (where the image lets us), the scratch places and the work dir still writable,
-    each of ``hide`` under an empty read-only tmpfs (the resident's FIFOs). Returns whether the
-    root is read-only."""
+    each of ``hide`` under an empty read-only tmpfs (the resident's FIFOs), each of ``sockets``
+    under the null device (``listening_sockets``). Returns whether the root is read-only."""
     _check(LIBC.unshare(CLONE_NEWNS), "unshare(mount)")
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
@@ -131,6 +160,7 @@ def seal_filesystem(work, hide=()):
             except OSError:
                 return False
     hide_dirs(hide)
+    hide_sockets(sockets)
     # Every other mount read-only too, /dev above all: a program that could replace /dev/null
     # (root owns /dev) would feed the next program's stdin. Each keeps its other flags (a user
     # namespace may not clear nosuid, nodev or noexec).
@@ -163,6 +193,43 @@ def hide_dirs(paths):
     for path in paths:
         if os.path.isdir(path):
             _mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+
+
+def listening_sockets():
+    """The paths of the Unix sockets bound in the file system by the sandbox's processes (the
+    vendor's daemon among them), from ``/proc/net/unix`` of our network namespace: read before the
+    program's own is made. A network namespace hides abstract sockets, not these."""
+    found = []
+    try:
+        with open("/proc/net/unix") as fh:
+            lines = fh.readlines()[1:]
+    except OSError:
+        return found
+    for line in lines:
+        fields = line.split(None, 7)
+        if len(fields) == 8 and fields[7].startswith("/"):
+            path = fields[7].rstrip("\n")
+            if path not in found:
+                found.append(path)
+    return found
+
+
+def hide_sockets(paths):
+    """Each socket of ``paths`` under the null device in this mount namespace (a
+    connect() there finds no socket). Opened without following a link, mounted through the
+    descriptor: a link planted in a socket's place covers nothing else. A path we cannot open is
+    out of the program's reach as well (its directory is not ours)."""
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            if os.fstat(fd).st_mode & 0o170000 != 0o140000:  # not a socket (any more)
+                continue
+            _mount(os.devnull, f"/proc/self/fd/{fd}", None, MS_BIND)  # made read-only with the rest
+        finally:
+            os.close(fd)
 
 
 def shed_capabilities():

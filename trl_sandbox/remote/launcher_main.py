@@ -19,7 +19,9 @@ if "launch" not in globals():
         _mount,
         enter_namespaces,
         hide_dirs,
+        own_user,
         private_namespaces,
+        private_sweep,
         seal_filesystem,
     )
     from trl_sandbox.remote.launcher_resident import start_resident
@@ -54,7 +56,7 @@ def probe(spec):
                     hidden = bool(where)
                 except OSError:
                     pass
-                os.write(write, f"{how} {int(sealed)} {int(hidden)}".encode())
+                os.write(write, f"{how} {int(sealed)} {int(hidden)} {int(works(own_user))}".encode())
                 os._exit(0)
             os.waitpid(grandchild, 0)
         except OSError:
@@ -68,9 +70,10 @@ def probe(spec):
             break
         answer += chunk
     os.waitpid(child, 0)
+    user = False
     if answer:
-        how, sealed, hidden = answer.decode().split()
-        allowed, hidden = (how, sealed == "1"), hidden == "1"
+        how, sealed, hidden, user = answer.decode().split()
+        allowed, hidden, user = (how, sealed == "1"), hidden == "1", user == "1"
     can_switch = False
     if os.geteuid() == 0:  # may programs run as another user? (not in a user namespace of one uid)
         child = os.fork()
@@ -92,7 +95,20 @@ def probe(spec):
             pass
     print(dumps({"isolation": allowed[0] if allowed else "sweep", "read_only_root": bool(allowed and allowed[1]),
                  "uid": os.geteuid(), "switch_user": can_switch, "python": sys.version.split()[0],
+                 "user_ns": user, "private": works(private_sweep, False),
                  "spare": baseline(), "ipc": ipc_baseline(), "resident": resident}))
+
+
+def works(step, *args):
+    """Whether ``step`` succeeds here, tried in a fork (which it changes, not us)."""
+    child = os.fork()
+    if child == 0:
+        try:
+            step(*args)
+        except OSError:
+            os._exit(1)
+        os._exit(0)
+    return os.waitpid(child, 0)[1] == 0
 
 
 def hide_argv():

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from trl_sandbox.judge.sent_source import bare_source
+from trl_sandbox.remote.launcher_isolation import PROGRAM_UID
 from trl_sandbox.remote.launcher_resident import MARK, RESIDENT_DIR
 from trl_sandbox.sandbox import ResourceLimits
 
@@ -42,10 +43,10 @@ log = logging.getLogger("trl_sandbox.remote.lease")
 _RESIDENT = {"start_resident", "serve", "handle", "follow", "_zombie"}
 _UNUSED = {
     "probe": set(),  # the whole launcher: the resident it leaves running serves every later exec
-    "ns": {"probe", "dumps", "baseline", "sweep", "ancestors", "pids", "start_time", "ipc_baseline", "wipe_ipc",
+    "ns": {"probe", "works", "private_sweep", "dumps", "baseline", "sweep", "ancestors", "pids", "start_time", "ipc_baseline", "wipe_ipc",
            *_RESIDENT},
-    "sweep": {"probe", "dumps", "baseline", "enter_namespaces", "seal_filesystem", "hide_dirs", "init",
-              "private_namespaces", "loopback_up", "seal_proc", *_RESIDENT},
+    "sweep": {"probe", "works", "dumps", "baseline", "enter_namespaces", "seal_filesystem", "hide_dirs", "init",
+              "own_user", "listening_sockets", "hide_sockets", *_RESIDENT},
 }
 
 
@@ -119,6 +120,12 @@ class Lease:
     reset_due: bool = False
     #: The resident launcher's directory (None: every exec starts a launcher of its own).
     resident: str | None = None
+    #: ``ns``/``userns``: each program enters a user namespace of its own as ``PROGRAM_UID`` (the
+    #: image allows nested user namespaces); else it stays uid 0 of the lease's, without capabilities.
+    user_ns: bool = False
+    #: ``sweep``: each program gets its own network, IPC and UTS namespaces (the launcher may make
+    #: them without a user namespace: root with CAP_SYS_ADMIN); else it shares the sandbox's.
+    private: bool = False
 
     @classmethod
     def from_probe(cls, stdout: str, sandbox_id: str, provider: str) -> Lease | None:
@@ -140,7 +147,11 @@ class Lease:
                     switch_user=bool(answer.get("switch_user")),
                     spare=[list(map(int, p)) for p in answer.get("spare") or []],
                     spare_ipc={str(k): [int(i) for i in v] for k, v in (answer.get("ipc") or {}).items()},
-                    resident=str(answer["resident"]) if answer.get("resident") else None)
+                    resident=str(answer["resident"]) if answer.get("resident") else None,
+                    user_ns=bool(answer.get("user_ns")), private=bool(answer.get("private")))
+        if lease.isolation != "sweep" and not lease.user_ns:
+            log.warning("%s sandbox %s: the image refuses a user namespace inside the lease's, so programs run as "
+                        "uid 0 of their namespace (without capabilities)", provider, sandbox_id)
         if lease.isolation == "sweep":
             log.warning("%s sandbox %s: the image refuses PID namespaces; every program is followed (and preceded) "
                         "by a sweep that kills every process not present when the sandbox was made%s", provider,
@@ -176,6 +187,10 @@ class Lease:
             spec["spare_ipc"] = self.spare_ipc
             if self.switch_user:
                 spec["uid"] = SWEEP_UID
+            if self.private:
+                spec["private"] = True
+        elif self.user_ns:
+            spec["user"] = PROGRAM_UID
         if self.resident and spec["mode"] == "ns":
             spec["hide"] = [self.resident]  # out of the program's sight; never wiped by a reset
             spec["keep"] = [*keep, self.resident]

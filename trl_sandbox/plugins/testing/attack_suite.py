@@ -34,6 +34,15 @@ class RemoteLeaseAttacks:
         with attacks.without_defence("network"), pytest.raises(AssertionError, match="reached"):
             attacks.check_the_daemons_loopback_is_out_of_reach(lambda: provider(resident_launcher=False), daemon_port)
 
+    def test_a_sweep_keeps_the_daemons_loopback_out_of_reach(self, provider, daemon_port):
+        """Where the image lets the launcher make network, IPC and UTS namespaces without a user
+        namespace (root with CAP_SYS_ADMIN, as in the fakes), ``sweep`` programs get them too."""
+        attacks.check_the_daemons_loopback_is_out_of_reach(lambda: provider(isolation="sweep"), daemon_port)
+
+    def test_positive_control_a_sweep_without_its_namespaces_reaches_the_daemon(self, provider, daemon_port):
+        with attacks.without_defence("sweep_private"), pytest.raises(AssertionError, match="reached"):
+            attacks.check_the_daemons_loopback_is_out_of_reach(lambda: provider(isolation="sweep"), daemon_port)
+
     @pytest.mark.parametrize(("isolation", "resident"), MODES)
     def test_the_lease_init_ignores_what_a_program_sends(self, provider, isolation, resident):
         attacks.check_the_lease_init_ignores_what_a_program_sends(
@@ -53,15 +62,21 @@ class RemoteLeaseAttacks:
 
     @pytest.mark.parametrize(("isolation", "resident"), MODES)
     def test_ipc_objects_and_keys_die_with_the_lease(self, provider, isolation, resident):
-        """``sweep``: no IPC namespace; the reset removes the SysV objects left (and the queues where
-        ``/dev/mqueue`` is mounted, which the fakes do not)."""
+        """Every mode: an IPC namespace per program (``sweep`` where the image allows it, as the
+        fakes do), with it every queue and SysV object the program made."""
         attacks.check_ipc_objects_and_keys_die_with_the_lease(
-            lambda: provider(isolation=isolation, resident_launcher=resident), queues=isolation != "sweep")
+            lambda: provider(isolation=isolation, resident_launcher=resident))
 
-    def test_positive_control_a_sweep_without_its_ipc_wipe_leaves_shared_memory(self, provider):
-        with attacks.without_defence("ipc"), pytest.raises(AssertionError, match="'shm': True"):
-            attacks.check_ipc_objects_and_keys_die_with_the_lease(lambda: provider(isolation="sweep", resident_launcher=False),
-                                                                  queues=False)
+    def test_a_sweep_without_ipc_namespaces_wipes_what_a_program_left(self, provider):
+        """Without them, the reset removes the SysV objects and the POSIX queues: the fakes mount no
+        ``/dev/mqueue``, so the launcher lists the queues on an mqueue file system of its own."""
+        with attacks.without_defence("sweep_private"):
+            attacks.check_ipc_objects_and_keys_die_with_the_lease(lambda: provider(isolation="sweep"))
+
+    def test_positive_control_a_sweep_without_its_ipc_wipe_leaves_shared_memory_and_queues(self, provider):
+        with attacks.without_defence("sweep_private", "ipc"), \
+                pytest.raises(AssertionError, match="'shm': True, 'mq': True"):
+            attacks.check_ipc_objects_and_keys_die_with_the_lease(lambda: provider(isolation="sweep"))
 
     def test_positive_control_without_the_launcher_ipc_objects_survive(self, provider):
         with pytest.raises(AssertionError, match="True"):
@@ -101,8 +116,37 @@ class RemoteLeaseAttacks:
         attacks.check_a_daemon_in_the_sandbox_is_out_of_reach(lambda: provider(resident_launcher=resident), outside)
 
     def test_positive_control_without_the_network_namespace_a_program_reaches_the_daemon_in_the_sandbox(self, provider, outside):
-        with attacks.without_defence("network"), pytest.raises(AssertionError, match="daemon daemon"):
+        with attacks.without_defence("network"), pytest.raises(AssertionError, match="'daemon daemon "):
             attacks.check_a_daemon_in_the_sandbox_is_out_of_reach(lambda: provider(resident_launcher=False), outside)
+
+    def test_positive_control_without_hiding_its_sockets_a_program_reaches_the_daemon_in_the_file_system(
+            self, provider, outside):
+        """The network namespace alone hides the abstract socket and the loopback, not a socket in
+        the file system."""
+        with attacks.without_defence("sockets"), pytest.raises(AssertionError, match="Error daemon"):
+            attacks.check_a_daemon_in_the_sandbox_is_out_of_reach(lambda: provider(resident_launcher=False), outside)
+
+    @pytest.mark.parametrize(("isolation", "resident"), MODES)
+    def test_the_program_holds_no_privilege(self, provider, isolation, resident):
+        """Namespaces: uid 1000 in a user namespace of its own, so its exec cleared every capability;
+        ``sweep`` on the fakes: uid 0 without capabilities (they map no other uid to switch to)."""
+        attacks.check_the_program_holds_no_privilege(lambda: provider(isolation=isolation, resident_launcher=resident),
+                                                     user=isolation != "sweep")
+
+    def test_positive_control_without_its_user_namespace_the_program_is_uid_0(self, provider):
+        with attacks.without_defence("user"), pytest.raises(AssertionError, match="uid: "):
+            attacks.check_the_program_holds_no_privilege(lambda: provider(resident_launcher=False))
+
+    def test_without_shedding_capabilities_the_user_namespace_alone_leaves_none(self, provider):
+        """Its own user namespace holds even where the launcher forgot to drop the capabilities: the
+        exec as uid 1000 clears them, and none reach the lease's namespaces. The positive control
+        below is the same program with both defences off."""
+        with attacks.without_defence("caps"):
+            attacks.check_the_program_holds_no_privilege(lambda: provider(resident_launcher=False))
+
+    def test_positive_control_without_either_the_program_keeps_root_and_sets_the_hostname(self, provider):
+        with attacks.without_defence("caps", "user"), pytest.raises(AssertionError, match="capabilities: "):
+            attacks.check_the_program_holds_no_privilege(lambda: provider(resident_launcher=False))
 
     @pytest.mark.parametrize(("isolation", "resident"), MODES)
     def test_a_wrong_answer_that_signals_its_init_scores_failed(self, provider, isolation, resident):

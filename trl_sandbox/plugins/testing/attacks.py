@@ -24,21 +24,27 @@ _DEFENCES = {
     "proc": ("    seal_proc()\n", "    pass\n"),
     "keyrings": ("        fresh_keyrings()\n", "        pass\n"),
     "ipc": ('                wipe_ipc(spec.get("spare_ipc") or {})\n', "                pass\n"),
+    "user": ('        if not sweep_mode and spec.get("user") is not None:\n', "        if False:\n"),
+    "caps": ("        shed_capabilities()\n", "        pass\n"),
+    "sweep_private": ('        if sweep_mode and spec.get("private"):\n', "        if False:\n"),
+    "sockets": ('    sockets = () if spec.get("network") else listening_sockets()\n', "    sockets = ()\n"),
 }
+_NS_ONLY = ("network", "proc", "signals", "user", "sockets")  # not in ``sweep``'s text
 
 
 @contextlib.contextmanager
-def without_defence(name: str) -> Iterator[None]:
-    """The launcher without one defence (``signals``, ``network``, ``proc``, ``keyrings``, ``ipc``), for
-    execs sent with the launcher's text (``resident_launcher=False``)."""
+def without_defence(*names: str) -> Iterator[None]:
+    """The launcher without the defences ``names`` (keys of ``_DEFENCES``), for execs sent with the
+    launcher's text (``resident_launcher=False``)."""
     from trl_sandbox.remote import lease
 
-    old, new = _DEFENCES[name]
     saved = dict(lease.SOURCES)
-    for mode, text in saved.items():
-        if mode != "probe":
-            assert old in text or name in ("network", "proc", "signals") and mode == "sweep", (name, mode)
-            lease.SOURCES[mode] = text.replace(old, new, 1)
+    for name in names:
+        old, new = _DEFENCES[name]
+        for mode, text in lease.SOURCES.items():
+            if mode != "probe":
+                assert old in text or name in _NS_ONLY and mode == "sweep", (name, mode)
+                lease.SOURCES[mode] = text.replace(old, new, 1)
     try:
         yield
     finally:
@@ -87,10 +93,11 @@ if os.fork() == 0:
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
-    servers = [socket.socket(socket.AF_UNIX), socket.socket()]
+    servers = [socket.socket(socket.AF_UNIX), socket.socket(), socket.socket(socket.AF_UNIX)]
     servers[0].bind(b'\0' + name)
     servers[1].setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     servers[1].bind(('127.0.0.1', port))
+    servers[2].bind(sys.argv[3])
     for server in servers:
         server.listen(8)
         server.settimeout(0.05)
@@ -106,13 +113,14 @@ if os.fork() == 0:
             except OSError:
                 pass
     os._exit(0)
-os.read(ready_r, 1)
-print('ready')
+os.close(ready_w)  # a daemon that failed to start (a port taken) ends the read: no hang
+print('ready' if os.read(ready_r, 1) else 'failed')
 """
 _CALL = r"""
 import socket, sys
 out = []
-for family, address in ((socket.AF_UNIX, b'\0' + sys.argv[1].encode()), (socket.AF_INET, ('127.0.0.1', int(sys.argv[2])))):
+for family, address in ((socket.AF_UNIX, b'\0' + sys.argv[1].encode()), (socket.AF_INET, ('127.0.0.1', int(sys.argv[2]))),
+                        (socket.AF_UNIX, sys.argv[3])):
     s = socket.socket(family)
     s.settimeout(2)
     try:
@@ -126,23 +134,25 @@ print(' '.join(out))
 
 def check_a_daemon_in_the_sandbox_is_out_of_reach(make: ProviderFactory, outside) -> tuple[str, ExecResult]:
     """A daemon that the service runs inside the sandbox, outside every lease (as Daytona's
-    toolbox daemon is), listening on an abstract Unix socket and on the sandbox's loopback: a
-    program without network reaches neither. Control: a process outside the leases reaches both.
+    toolbox daemon is), listening on an abstract Unix socket, on the sandbox's loopback and on a
+    Unix socket in the file system (``/tmp``, which every lease sees): a program without network
+    reaches none of them. Control: a process outside the leases reaches all three.
     ``outside(sandbox_id, argv)`` as for ``check_the_resident_launcher``; namespaces only (a sweep
     would kill the daemon)."""
     import secrets
 
     name, port = "trl-daemon-" + secrets.token_hex(4), 20000 + secrets.randbelow(20000)
+    path = f"/tmp/{name}.sock"
     p = make()
 
     async def go() -> tuple[str, ExecResult]:
         sandbox = await p.create(SandboxSpec())
-        assert outside(sandbox.id, ["python3", "-c", _DAEMON, name, str(port)]).strip() == "ready"
-        control = outside(sandbox.id, ["python3", "-c", _CALL, name, str(port)])
-        return control, await sandbox.exec(["python3", "-c", _CALL, name, str(port)], timeout=10)
+        assert outside(sandbox.id, ["python3", "-c", _DAEMON, name, str(port), path]).strip() == "ready"
+        control = outside(sandbox.id, ["python3", "-c", _CALL, name, str(port), path])
+        return control, await sandbox.exec(["python3", "-c", _CALL, name, str(port), path], timeout=10)
 
     control, result = run(closing(p, go()))
-    assert control == "daemon daemon\n", f"control: {control!r}"
+    assert control == "daemon daemon daemon\n", f"control: {control!r}"
     assert result.exit_code == 0 and "daemon" not in result.stdout, result
     return control, result
 
@@ -200,7 +210,7 @@ print(__import__('json').dumps(out))
 
 
 def check_the_kernel_stays_out_of_reach(make: ProviderFactory) -> list[ExecResult]:
-    """A program (uid 0 in its namespace, no capabilities) can open no sysctl or kernel trigger
+    """A program (without capabilities) can open no sysctl or kernel trigger
     for writing (``/proc/sys`` read-only: ``core_pattern`` opened for writing is a host-wide
     handler), and a hostname it set does not reach the next lease. Control: the next lease
     reads its hostname (it has one)."""
@@ -239,8 +249,8 @@ print(json.dumps(out))
 def check_ipc_objects_and_keys_die_with_the_lease(make: ProviderFactory, *, queues: bool = True) -> list[ExecResult]:
     """A program leaves SysV shared memory, a POSIX message queue and a key in its user keyring;
     the next lease finds none of them. Control: the attacker made each (the kernel allowed it).
-    ``queues=False``: the POSIX queue is not asked about (``sweep`` mode removes queues only where
-    ``/dev/mqueue`` is mounted, which lists them)."""
+    ``queues=False``: the POSIX queue is not asked about (a ``sweep`` without IPC namespaces
+    removes queues only where it may list them: ``/dev/mqueue`` mounted, or one it mounts)."""
     made, found = run(run_programs(make, ["python3", "-c", _IPC, "make"], ["python3", "-c", _IPC, "find"]))
     made_report, found_report = json.loads(made.stdout), json.loads(found.stdout)
     assert made_report["shm"] and made_report["mq"], f"control: {made_report}"
@@ -248,6 +258,48 @@ def check_ipc_objects_and_keys_die_with_the_lease(make: ProviderFactory, *, queu
         found_report.pop("mq")
     assert found_report == {k: False for k in found_report}, found_report
     return [made, found]
+
+
+# -- 3: no privilege left to the program ---------------------------------------------------------
+
+_PRIVILEGE = r"""
+import ctypes, json, os, socket
+libc = ctypes.CDLL(None, use_errno=True)
+def caps(pid):
+    with open('/proc/%s/status' % pid) as fh:
+        return [int(line.split()[1], 16) for line in fh if line.startswith('CapEff:')][0]
+out = {'uid': os.getuid(), 'gid': os.getgid(), 'caps': caps('self'), 'parent_caps': caps(os.getppid())}
+try:
+    socket.sethostname('pwned-lease')
+    out['sethostname'] = 'done'
+except OSError as exc:
+    out['sethostname'] = exc.errno
+out['mount'] = 'done' if libc.mount(b'tmpfs', b'/tmp', b'tmpfs', 0, None) == 0 else ctypes.get_errno()
+try:
+    fd = os.open('/proc/sys/kernel/domainname', os.O_WRONLY)
+    os.write(fd, b'pwned-lease')
+    os.close(fd)
+    out['sysctl'] = 'done'
+except OSError as exc:
+    out['sysctl'] = exc.errno
+print(json.dumps(out))
+"""
+
+
+def check_the_program_holds_no_privilege(make: ProviderFactory, *, user: bool = True) -> dict:
+    """A program's effective capabilities are none, and it can neither set the hostname, mount,
+    nor write a sysctl; with ``user`` (namespaces, where the image allows a user namespace inside
+    the lease's) its uid is not 0. Control: PID 1 as the program sees it (the lease's init in a
+    namespace, the sandbox's own in ``sweep``) holds capabilities, so the reading is real."""
+    (result,) = run(run_programs(make, ["python3", "-c", _PRIVILEGE]))
+    assert result.exit_code == 0, result
+    report = json.loads(result.stdout)
+    assert report["parent_caps"] != 0, f"control: {report}"
+    assert report["caps"] == 0, f"capabilities: {report}"
+    assert all(report[k] != "done" for k in ("sethostname", "mount", "sysctl")), f"done: {report}"
+    if user:
+        assert report["uid"] != 0 and report["gid"] != 0, f"uid: {report}"
+    return report
 
 
 # The classes about paths, output, files, the tag and settings are in ``attacks_paths`` (in one module
