@@ -45,26 +45,24 @@ from trl_sandbox.pool.sandbox_pool import SandboxPool  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "env.json"
 
-GENERATE = (
-    "python3 - <<'EOF'\n"
-    "import os, random\n"
-    "random.seed({seed})\n"
-    "total, target, i = 0, {mb} << 20, 0\n"
-    "while total < target:\n"
-    "    d = 'src/pkg%d/sub%d' % (i % 40, i % 7)\n"
-    "    os.makedirs(d, exist_ok=True)\n"
-    "    size = random.choice((800, 2000, 6000, 30000))\n"
-    "    with open('%s/m%d.py' % (d, i), 'w') as f:\n"
-    "        f.write('# %d\\n' % i + 'x = 1\\n' * (size // 6))\n"
-    "    total += size; i += 1\n"
-    "EOF"
-)
+GENERATE = """import os, random, sys
+random.seed(int(sys.argv[1]))
+total, target, i = 0, int(sys.argv[2]) << 20, 0
+while total < target:
+    d = "src/pkg%d/sub%d" % (i % 40, i % 7)
+    os.makedirs(d, exist_ok=True)
+    size = random.choice((800, 2000, 6000, 50000))
+    with open("%s/m%d.py" % (d, i), "w") as f:
+        f.write("# %d\\n" % i + "x = 1\\n" * (size // 6))
+    total += size
+    i += 1
+"""
 PROGRAM = "cat src/pkg0/sub0/m0.py > /dev/null && find . -type f | wc -l"
 
 
 def environment(row: int, mb: int) -> dict:
-    return {"files": {"README.md": f"row {row}\n"},
-            "setup": ["python3 -m venv --without-pip venv", GENERATE.format(seed=row, mb=mb), "sleep 2"]}
+    return {"files": {"README.md": f"row {row}\n", "generate.py": GENERATE},
+            "setup": ["python3 -m venv --without-pip venv", f"python3 generate.py {row} {mb}", "sleep 2"]}
 
 
 async def run_way(pool: SandboxPool, way: str, rows: int, programs: int, mb: int, trees: list[str]) -> dict:
@@ -91,9 +89,9 @@ async def run_way(pool: SandboxPool, way: str, rows: int, programs: int, mb: int
         counts = {r.stdout.strip() for r in results}
         bad = [r for r in results if r.exit_code != 0]
         if bad:
-            raise SystemExit(f"{way}: a program failed: {bad[0].stderr[-500:]}")
+            raise RuntimeError(f"{way}: a program failed: {bad[0].stderr[-500:]}")
         if len(counts) != 1:
-            raise SystemExit(f"{way}: programs of one row saw different trees: {counts}")
+            raise RuntimeError(f"{way}: programs of one row saw different trees: {counts}")
         for r in results:
             for line in r.stderr.splitlines():
                 if line.startswith("copy_ns="):

@@ -41,7 +41,9 @@ class Prepared:
     tree: Path
     workdir: str | None
     spec: EnvironmentSpec
-    base_root: Path | None = None  # an unpacked root filesystem, for bases other than host
+    # What the lease's sandbox must be created from (a provider snapshot, a root filesystem), or
+    # None: any of the provider's sandboxes can take a copy (pool/environment_pools.py).
+    image: str | None = None
 
 
 @dataclass
@@ -134,8 +136,7 @@ class Builds:
             flight.set_exception(exc)
 
     def _prepared(self, spec: EnvironmentSpec, key: str, meta: dict) -> Prepared:
-        root = meta.get("base_root")
-        return Prepared(key, self.cache.tree(key), spec.workdir, spec, Path(root) if root else None)
+        return Prepared(key, self.cache.tree(key), spec.workdir, spec, meta.get("image"))
 
     def _get(self, spec: EnvironmentSpec, key: str) -> Prepared:
         meta = self.cache.ready(key)

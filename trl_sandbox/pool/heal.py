@@ -27,6 +27,7 @@ import random
 import time
 from typing import Any
 
+from trl_sandbox.environments.builds import SetupFailed
 from trl_sandbox.pool.idle_queue import IdleQueue
 from trl_sandbox.pool.loop import within
 from trl_sandbox.sandbox import (
@@ -220,6 +221,8 @@ class PoolHealing:
             raise _Lost(f"sandbox {sandbox.id} did not answer within {deadline:.1f} s") from exc
         except SandboxGoneError as exc:
             raise _Lost(str(exc)) from exc
+        except SetupFailed as exc:  # the environment's setup, not the sandbox: no retry helps
+            raise _Broken(str(exc)) from exc
         except RateLimitError as exc:
             raise _Transient(str(exc)) from exc
         except InfraError as exc:

@@ -22,6 +22,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -29,6 +30,7 @@ from typing import Any
 from trl_sandbox.environments.builds import Prepared
 from trl_sandbox.environments.spec import EnvironmentSpec
 from trl_sandbox.pool.close import PoolClosing
+from trl_sandbox.pool.environment_pools import EnvironmentPools
 from trl_sandbox.pool.heal import PoolHealing, _Broken, _Lost, _Transient
 from trl_sandbox.pool.idle_queue import IdleQueue
 from trl_sandbox.pool.loop import LoopThread
@@ -50,7 +52,7 @@ log = logging.getLogger("trl_sandbox.pool.sandbox_pool")
 __all__ = ["PoolSettings", "PoolStats", "SandboxPool", "percentile"]
 
 
-class SandboxPool(PoolHealing, PoolClosing):
+class SandboxPool(PoolHealing, PoolClosing, EnvironmentPools):
     """A fixed-size pool of warm sandboxes of one provider.
 
     Create it cheaply (it builds nothing), ``start()`` it when work begins, ``close()`` it in a
@@ -101,6 +103,9 @@ class SandboxPool(PoolHealing, PoolClosing):
         self._closed = False
         self._started = False
         self._state_lock = threading.Lock()
+        self._by_image: OrderedDict[str, SandboxPool] = OrderedDict()  # environment_pools.py
+        self._by_image_lock = threading.Lock()
+        self.leased = 0  # sandboxes checked out now
         self.ever_up = False  # a sandbox was up since start(): later outages are transient, not setup errors
 
     # -- lifecycle (sync, any thread) ------------------------------------------------------------
@@ -197,6 +202,7 @@ class SandboxPool(PoolHealing, PoolClosing):
                 return
             self._closed = True
             started = self._started
+        self.close_image_pools()
         with contextlib.suppress(Exception):
             atexit.unregister(self.close)
         if not started or self._loop is None:
@@ -239,21 +245,6 @@ class SandboxPool(PoolHealing, PoolClosing):
         With ``environment``, the job runs in its own copy of that prepared environment, built
         once (``SetupFailed``, an ``InfraError``, when its setup fails)."""
         return await self.loop.wrap(self._aexec(argv, stdin, timeout, files, cwd, env, environment))
-
-    async def prepare_environment(self, spec: EnvironmentSpec) -> Prepared:
-        """Build ``spec`` once (or find it built) with this pool's provider; a lease then gets its
-        own copy with ``sandbox.use_environment``. ``ConfigError`` when the provider cannot."""
-        prepare = getattr(self.provider, "prepare_environment", None)
-        if prepare is None:
-            raise ConfigError(f"the {getattr(self.provider, 'name', '?')!r} provider cannot prepare environments "
-                              "(rows with an 'environment' column); use the local or ray provider")
-        return await prepare(spec)
-
-    def environment_metrics(self) -> dict[str, float]:
-        """Per-step counters of prepared environments (builds, build seconds, hit rate, lease ms)."""
-        environments = getattr(self.provider, "environments", None)
-        builds = getattr(environments, "builds", None)
-        return builds.drain().metrics() if builds is not None else {}
 
     async def aready(self) -> None:
         if self._loop is not None and not self._loop.in_loop():
@@ -318,11 +309,15 @@ class SandboxPool(PoolHealing, PoolClosing):
         finally:
             self.checkin(sandbox, broken=broken)
 
-    async def checkout(self) -> Sandbox:
+    async def checkout(self, prepared: Prepared | None = None) -> Sandbox:
         """Take a sandbox out of the pool until ``checkin`` (for episodes spanning many calls).
+        With ``prepared`` whose sandboxes are made from an image, one of that image's pool.
 
         Must run on the pool's loop (``aexec`` and ``SandboxEnvironment`` take care of that).
         """
+        child = self.image_pool(prepared)
+        if child is not None:
+            return await child.checkout()
         if self._loop is not None and not self._loop.in_loop():
             return await self._loop.wrap(self.checkout())
         if self._closed:
@@ -342,6 +337,7 @@ class SandboxPool(PoolHealing, PoolClosing):
         with self._stats_lock:
             self.stats.lease_wait_s.append(time.perf_counter() - t0)
             self.stats.counts["leases_warm" if warm else "leases_cold"] += 1
+            self.leased += 1
         return sandbox
 
     def _raise_if_unavailable(self) -> None:
@@ -368,7 +364,12 @@ class SandboxPool(PoolHealing, PoolClosing):
             self._loop.loop.call_soon_threadsafe(self.checkin, sandbox, broken)
             return
         if sandbox.id not in self._members:
+            owner = self.owner_of(sandbox.id)
+            if owner is not None:  # leased from an image's pool (environment_pools.py)
+                owner.checkin(sandbox, broken)
             return  # already replaced, or the pool was closed (and destroyed it) meanwhile
+        with self._stats_lock:
+            self.leased = max(0, self.leased - 1)
         if broken or self._closed:
             self._spawn(self._replace(sandbox))
         elif self._reset_at_once(sandbox):
@@ -378,13 +379,17 @@ class SandboxPool(PoolHealing, PoolClosing):
 
     # -- running a job ---------------------------------------------------------------------------
 
-    async def _aexec(self, argv, stdin, timeout, files, cwd, env, environment=None) -> ExecResult:
+    async def _aexec(self, argv, stdin, timeout, files, cwd, env, environment=None, prepared=None) -> ExecResult:
         """Up to ``max_attempts`` leases. A transient error (429, 503, transport) keeps the sandbox:
         it goes back through a reset, so the next attempt still starts clean. A sandbox that is
         gone, dead or past its deadline is replaced. A provider's unexpected exception fails the
         job at once (it would recur) and replaces the sandbox."""
         last: BaseException | None = None
-        prepared = await self.prepare_environment(environment) if environment is not None else None
+        if environment is not None and prepared is None:
+            prepared = await self.prepare_environment(environment)
+        child = self.image_pool(prepared)
+        if child is not None:  # the environment's sandboxes are made from its image
+            return await child.loop.wrap(child._aexec(argv, stdin, timeout, files, cwd, env, prepared=prepared))
         attempts = max(1, self.settings.max_attempts)
         for attempt in range(1, attempts + 1):
             if attempt > 1:

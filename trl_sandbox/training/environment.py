@@ -211,7 +211,7 @@ class SandboxEnvironment:
         for _ in range(RESET_ATTEMPTS):
             self._pool.grow(_count_holder(self._pool, +1) + JUDGE_HEADROOM)
             try:
-                self._sandbox = self._pool.loop.run(self._pool.checkout())
+                self._sandbox = self._pool.loop.run(self._pool.checkout(prepared))
             except SandboxOutageError:
                 _count_holder(self._pool, -1)
                 raise  # no sandbox for longer than the outage budget: training stops, clearly
