@@ -98,6 +98,13 @@ def parse(value: Any) -> EnvironmentSpec | None:
         if not isinstance(text, str):
             raise ConfigError(f"environment.files[{path!r}] must be text, not {type(text).__name__}")
         parsed_files.append((_relative(path), text))
+    names = {p for p, _ in parsed_files}
+    for path in names:
+        parent = posixpath.dirname(path)
+        while parent:
+            if parent in names:
+                raise ConfigError(f"environment.files: {parent!r} is a file, so {path!r} cannot be inside it")
+            parent = posixpath.dirname(parent)
     setup = value.get("setup") or ()
     if isinstance(setup, str):
         setup = (setup,)

@@ -13,6 +13,7 @@ copied into a fresh tmpfs instead (slower; the same isolation).
 
 import os
 import shutil
+import stat
 
 from . import kernel, resident
 from . import state as S
@@ -34,6 +35,19 @@ def _mount(source, target, fstype, flags, options):
     kernel.check(lib.mount(source.encode(), target.encode(), fstype.encode(), flags,
                            options.encode() if options else None), f"mount {fstype} on {target}")
     MOUNTS.append(target)
+
+
+def _special(directory, names):
+    """What a copy leaves out: FIFOs, sockets and devices (``copytree`` cannot copy them)."""
+    skip = []
+    for name in names:
+        try:
+            mode = os.lstat(os.path.join(directory, name)).st_mode
+        except OSError:
+            continue
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
+            skip.append(name)
+    return skip
 
 
 def _cover(path):
@@ -73,7 +87,7 @@ def do_environment(request):
     except OSError as exc:
         _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV,
                f"size={int(size_mb)}m,nr_inodes={inodes},mode=755,uid={os.getuid()},gid={os.getgid()}")
-        shutil.copytree(lower, target, symlinks=True, dirs_exist_ok=True)
+        shutil.copytree(lower, target, symlinks=True, dirs_exist_ok=True, ignore=_special)
         MODE[0] = f"copy (the kernel refused an overlay: {exc})"
     _cover(LAYER)
     _cover(ENV_ROOT)
