@@ -17,6 +17,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from trl_sandbox.local.agent_ops import AgentGrading
 from trl_sandbox.local.supervisor import protocol as _proto
 from trl_sandbox.sandbox import ExecResult, InfraError, SandboxSpec, exec_arguments, sandbox_path
 
@@ -58,7 +59,7 @@ class _Died(Exception):
         self.hung = hung
 
 
-class LocalSandbox:
+class LocalSandbox(AgentGrading):
     """One bubblewrap container with its supervisor. Use through ``LocalProvider.create``."""
 
     def __init__(self, provider: LocalProvider, sandbox_id: str, spec: SandboxSpec, proc) -> None:

@@ -27,6 +27,7 @@ HEX = frozenset("0123456789abcdef")
 MOUNTS = []
 IDLE_COVER = [False]  # ENV_ROOT is covered between leases too: no lease reads another's tree
 BASE_WORK = [None]  # the configured work directory, while a lease works elsewhere
+UPPER = [None]  # an fd of the overlay's writable layer, read by changes.do_changes (agent grading)
 MODE = ["none"]  # "overlay" or "copy": how the last lease got its copy (the host reads it)
 
 
@@ -84,6 +85,7 @@ def do_environment(request):
         _mount("overlay", target, "overlay", MS_NOSUID | MS_NODEV,
                f"lowerdir={lower},upperdir={LAYER}/upper,workdir={LAYER}/work,userxattr")
         MODE[0] = "overlay"
+        UPPER[0] = os.open(LAYER + "/upper", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
         _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV,
                f"size={int(size_mb)}m,nr_inodes={inodes},mode=755,uid={os.getuid()},gid={os.getgid()}")
@@ -99,6 +101,9 @@ def do_environment(request):
 def drop():
     """Unmount the lease's copy (every process of the lease is gone by now) and give the
     configured work directory back. ``files.fresh_scratch`` then mounts a fresh tmpfs there."""
+    if UPPER[0] is not None:
+        os.close(UPPER[0])
+        UPPER[0] = None
     if MOUNTS:
         os.chdir("/")
         lib = kernel.libc()
