@@ -1,0 +1,7 @@
+"""Agent tasks: rows whose reward is the verdict of hidden tests on the tree an agent left behind.
+
+Loaders for the published layouts (Harbor task directories, terminal-bench 0.2 ``task.yaml``
+directories, SWE-style rows with a repository, a commit and a test patch), the Dockerfile subset
+they prepare their environments with, the image map, and a small built-in set. The row's columns
+are documented in ``trl_sandbox.agents.columns``; ``load_agent_tasks`` is the entry point.
+"""
