@@ -32,6 +32,7 @@ from trl_sandbox.sandbox import Outcome
 REFUSED_NAMES = frozenset({"conftest.py", "sitecustomize.py", "usercustomize.py"})
 REFUSED_PARTS = frozenset({".git", "site-packages", "dist-packages", "__pycache__"})
 VERIFY_ENV = {"HOME": "/tmp", "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+JUNIT = "/logs/verifier/junit.xml"  # where a pytest verifier's report goes (PYTEST_ADDOPTS)
 
 
 def _venvs(tree: Path | None) -> set[str]:
@@ -81,26 +82,47 @@ def carried(changes: Sequence[Change], protected: Sequence[str] = (),
     return kept, refused
 
 
-def _junit_passed(data: bytes) -> tuple[set[str], int]:
-    """Test ids (``file::name`` and ``classname.name``) that passed, and how many ran."""
+def _junit(data: bytes) -> tuple[set[str], int, list[str]]:
+    """Test ids that passed (as ``file::name``, ``file::Class::name``, ``classname.name`` and
+    ``name``), how many ran, and the names of those that did not pass."""
     root = ET.fromstring(data)
     passed: set[str] = set()
+    failed: list[str] = []
     ran = 0
     for case in root.iter("testcase"):
         ran += 1
-        if any(child.tag in ("failure", "error", "skipped") for child in case):
-            continue
         name, classname, file = case.get("name", ""), case.get("classname", ""), case.get("file", "")
-        passed.add(f"{classname}.{name}")
-        passed.add(name)
+        if any(child.tag in ("failure", "error", "skipped") for child in case):
+            failed.append(f"{classname}.{name}")
+            continue
+        passed.update((f"{classname}.{name}", name))
         if file:
             passed.add(f"{file}::{name}")
-        module = classname.replace(".", "/")
-        passed.add(f"{module}.py::{name}")
-        if "." in classname:
-            head, cls = classname.rsplit(".", 1)
-            passed.add(f"{head.replace('.', '/')}.py::{cls}::{name}")
-    return passed, ran
+        parts = classname.split(".")
+        for cut in range(1, len(parts) + 1):  # module a.b.test_x, maybe followed by a class
+            module, rest = "/".join(parts[:cut]) + ".py", parts[cut:]
+            passed.add("::".join([module, *rest, name]))
+    return passed, ran, failed
+
+
+def _pytest_verdict(reports: Mapping[str, bytes], expected: list[str], note: str) -> Outcome:
+    """Every expected test id passed in the verifier's JUnit report (with none expected: every test
+    it ran, at least one). A report that never got written (``os._exit`` at import) passes nothing."""
+    total = max(1, len(expected))
+    if "junit.xml" not in reports:
+        return Outcome("failed", 0, total, detail=f"the verifier reported no tests{note}")
+    try:
+        passed, ran, failed = _junit(reports["junit.xml"])
+    except ET.ParseError as exc:
+        return Outcome("failed", 0, total, detail=f"the verifier's report is not JUnit XML: {exc}{note}")
+    if not expected:
+        ok = ran > 0 and not failed
+        return Outcome("passed" if ok else "failed", ran - len(failed), max(ran, 1),
+                       detail=f"{ran - len(failed)}/{ran} tests passed{note}")
+    ok = [t for t in expected if t in passed]
+    missing = [t for t in expected if t not in passed][:3]
+    detail = f"{len(ok)}/{len(expected)} expected tests passed ({ran} ran)" + (f"; not passed: {missing}" if missing else "")
+    return Outcome("passed" if len(ok) == len(expected) else "failed", len(ok), len(expected), detail=detail + note)
 
 
 def verdict(reports: Mapping[str, bytes], exit_code: int, timed_out: bool, row: Mapping[str, Any],
@@ -109,20 +131,12 @@ def verdict(reports: Mapping[str, bytes], exit_code: int, timed_out: bool, row: 
     note = f"; not carried: {', '.join(refused[:5])}" if refused else ""
     if timed_out:
         return Outcome("timeout", 0, 1, detail=f"the verifier ran past its time{note}")
-    expected = list(row.get("expected") or ())
-    if expected:
-        if "junit.xml" not in reports:
-            return Outcome("failed", 0, len(expected), detail=f"the verifier reported no tests{note}")
-        try:
-            passed, ran = _junit_passed(reports["junit.xml"])
-        except ET.ParseError as exc:
-            return Outcome("failed", 0, len(expected), detail=f"the verifier's report is not JUnit XML: {exc}{note}")
-        ok = [t for t in expected if t in passed]
-        status = "passed" if len(ok) == len(expected) else "failed"
-        missing = [t for t in expected if t not in passed][:3]
-        detail = f"{len(ok)}/{len(expected)} expected tests passed ({ran} ran)"
-        return Outcome(status, len(ok), len(expected), detail=detail + (f"; not passed: {missing}" if missing else "")
-                       + note)
+    parser = row.get("parser") or ("pytest" if row.get("expected") else "reward_file")
+    if parser == "pytest":
+        return _pytest_verdict(reports, list(row.get("expected") or ()), note)
+    if parser == "exit_code":
+        return Outcome("passed" if exit_code == 0 else "failed", int(exit_code == 0), 1,
+                       detail=f"the verifier exited {exit_code}{note}")
     value = None
     if "reward.json" in reports:
         try:

@@ -8,37 +8,30 @@ act in its copy; ``grade_episode`` takes the episode's sandbox when it ends. Bot
 same way: the changes carried into a fresh copy, the row's hidden ``tests`` at ``/tests``, the
 row's ``verify`` command (default ``bash /tests/test.sh``) with ``verify_timeout``.
 
-Row columns: ``prompt``, ``environment`` (required), ``tests`` ({path: text}), ``verify``,
-``protected`` (paths), ``expected`` (test ids that must pass, from a JUnit report the verify
-command writes to ``/logs/verifier/junit.xml``), ``agent_timeout`` (default 600 s),
-``verify_timeout`` (default 600 s), ``sandbox_task`` = ``"agent"``.
+Row columns: ``trl_sandbox.agents.columns``.
 """
 
 from __future__ import annotations
 
+import posixpath
 import re
 from collections.abc import Mapping
 from typing import Any
 
-from trl_sandbox.agents.grading import VERIFY_ENV, carried, verdict
-from trl_sandbox.environments.spec import row_environment
+from trl_sandbox.agents.columns import TESTS_DIR, row_of
+from trl_sandbox.agents.grading import JUNIT, VERIFY_ENV, carried, verdict
+from trl_sandbox.environments.spec import parse
 from trl_sandbox.local.agent_ops import ChangesTooLarge
-from trl_sandbox.plugins import hookimpl
+from trl_sandbox.plugins.hookspecs import hookimpl
 from trl_sandbox.sandbox import ConfigError, ExecResult, InfraError, Outcome, Program
 
 FENCE = re.compile(r"```(?:bash|sh|shell)?[ \t]*\n(.*?)```", re.S)
-DEFAULT_VERIFY = "bash /tests/test.sh"
 
 
 def actions(completion: str) -> str:
     """The shell script in a completion: its fenced blocks, in order, or the bare text."""
     blocks = FENCE.findall(completion)
     return "\n".join(blocks) if blocks else completion
-
-
-def _seconds(row: Mapping[str, Any], column: str, default: float = 600.0) -> float:
-    value = row.get(column)
-    return default if value is None else float(value)
 
 
 class AgentTask:
@@ -58,16 +51,14 @@ class AgentTask:
 
     async def arun(self, pool: Any, completion: str, row: Mapping[str, Any]) -> Outcome:
         """A single-turn sample: ``completion``'s script as the agent's actions, then the grade."""
-        spec = row_environment(row)
-        if spec is None:
-            raise ConfigError(f"agent row {row.get('task_id', '?')!r} has no environment")
-        prepared = await pool.prepare_environment(spec)
-        script = actions(completion)
+        r = row_of(row)
+        prepared = await pool.prepare_environment(parse(r["environment"]))
         sandbox = await pool.checkout(prepared)
         broken = True
         try:
             await sandbox.use_environment(prepared)
-            await sandbox.exec(["/bin/bash", "-c", script], timeout=_seconds(row, "agent_timeout"))
+            await sandbox.exec(["/bin/bash", "-c", actions(completion)], timeout=r["agent_timeout"],
+                               env=r["env"] or None)
             changes = await sandbox.environment_changes()
             broken = False
         except ChangesTooLarge as exc:
@@ -75,29 +66,41 @@ class AgentTask:
             return Outcome("failed", 0, 1, detail=f"the agent's changes are too large: {exc}")
         finally:
             pool.checkin(sandbox, broken=broken)
-        return await self.grade(pool, prepared, changes, row)
+        return await self.grade(pool, prepared, changes, r)
 
     async def grade_episode(self, pool: Any, sandbox: Any, row: Mapping[str, Any]) -> Outcome:
         """An episode's end: its changes (its sandbox still leased), then the grade."""
-        spec = row_environment(row)
-        prepared = await pool.prepare_environment(spec)
+        r = row_of(row)
+        prepared = await pool.prepare_environment(parse(r["environment"]))
         try:
             changes = await sandbox.environment_changes()
         except ChangesTooLarge as exc:
             return Outcome("failed", 0, 1, detail=f"the agent's changes are too large: {exc}")
-        return await self.grade(pool, prepared, changes, row)
+        return await self.grade(pool, prepared, changes, r)
 
-    async def grade(self, pool: Any, prepared: Any, changes: list, row: Mapping[str, Any]) -> Outcome:
-        kept, refused = carried(changes, row.get("protected") or (), getattr(prepared, "tree", None))
-        tests = {str(p): (t.encode() if isinstance(t, str) else bytes(t)) for p, t in (row.get("tests") or {}).items()}
+    async def grade(self, pool: Any, prepared: Any, changes: list, r: Mapping[str, Any]) -> Outcome:
+        """``changes`` carried into a fresh copy, the tests brought in, the verifier run."""
+        kept, refused = carried(changes, r["protected"], getattr(prepared, "tree", None))
+        tests = {p: t.encode() for p, t in r["tests"].items()}
+        workdir = prepared.workdir or getattr(pool.provider, "work_dir", "/work")
+        in_tree: list = []
+        if r["tests_dir"] != TESTS_DIR:  # SWE: the test files overwrite the repository's own
+            base = posixpath.relpath(r["tests_dir"], workdir)
+            if base.startswith(".."):
+                raise ConfigError(f"task {r['task_id']}: tests_dir {r['tests_dir']} is outside the working "
+                                  f"directory {workdir}")
+            in_tree = [(posixpath.normpath(posixpath.join(base, p)), "f", 0o644, t) for p, t in tests.items()]
+            tests = {}
+        env = {**r["env"], **VERIFY_ENV, **r["verify_env"]}
+        if r["parser"] == "pytest":
+            env["PYTEST_ADDOPTS"] = f"{env.get('PYTEST_ADDOPTS', '')} --junitxml={JUNIT}".strip()
         sandbox = await pool.checkout(prepared)
         broken = True
         try:
             await sandbox.use_environment(prepared)
-            await sandbox.apply_changes(kept)
+            await sandbox.apply_changes(kept + in_tree)
             await sandbox.bring_tests(tests)
-            result = await sandbox.exec(["/bin/sh", "-c", str(row.get("verify") or DEFAULT_VERIFY)],
-                                        timeout=_seconds(row, "verify_timeout"), env=VERIFY_ENV)
+            result = await sandbox.exec(["/bin/sh", "-c", r["verify"]], timeout=r["verify_timeout"], env=env)
             reports = await sandbox.verifier_reports()
             broken = False
         except InfraError:
@@ -106,7 +109,7 @@ class AgentTask:
             raise InfraError(f"grading failed in sandbox {getattr(sandbox, 'id', '?')}: {exc}") from exc
         finally:
             pool.checkin(sandbox, broken=broken)
-        return verdict(reports, result.exit_code, result.timed_out, row, refused)
+        return verdict(reports, result.exit_code, result.timed_out, r, refused)
 
 
 @hookimpl

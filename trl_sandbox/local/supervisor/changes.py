@@ -25,6 +25,7 @@ LOGS = "/logs"
 VERIFIER = "/logs/verifier"
 REPORTS = ("reward.txt", "reward.json", "junit.xml")
 REPORT_CAP = 4 << 20
+MS_REMOUNT = 32
 O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -149,7 +150,7 @@ def do_tests(request):
             f.write(data)
         os.chmod(full, 0o755 if data.startswith(b"#!") or path.endswith(".sh") else 0o644)
     lib = kernel.libc()
-    kernel.check(lib.mount(None, TESTS.encode(), None, layers.MS_REMOUNT | layers.MS_RDONLY | layers.MS_NOSUID
+    kernel.check(lib.mount(None, TESTS.encode(), None, MS_REMOUNT | layers.MS_RDONLY | layers.MS_NOSUID
                            | layers.MS_NODEV, None), "remount /tests read-only")
     _fresh(LOGS, 0o755)
     os.mkdir(VERIFIER, 0o755)
