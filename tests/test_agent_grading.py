@@ -145,3 +145,16 @@ def test_a_pytest_verdict_needs_the_report_of_a_finished_run():
     # With no expected ids, every test that ran must have passed, and at least one ran.
     assert _pytest_verdict({"junit.xml": junit}, [], "").status == "failed"
     assert _pytest_verdict({"junit.xml": b"<testsuite/>"}, [], "").status == "failed"
+
+
+def test_a_blanket_forgery_from_the_agents_code_meets_the_canary(pool, rows):
+    """The tests import the agent's package, so its code runs inside the verifier: ``os._exit(0)`` at
+    import (or printing what a runner prints) is what remains possible against a bare exit status."""
+    row = dict(rows["fix-median"])
+    forge = "printf 'import os\\nprint(\"only the canary failed\")\\nos._exit(0)\\n' >> stats/__init__.py; true"
+    forged, honest = _score(pool, row, [forge, row["solution"]])
+    assert forged.status == "failed" and honest.status == "passed", (forged.detail, honest.detail)
+    # Control: against a verifier that trusts the exit status alone, the same forgery pays.
+    row["verify"] = ("cd /app && PYTHONPATH=/app python3 -m unittest discover -s /tests -t /tests "
+                     "&& echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt")
+    assert _score(pool, row, [forge])[0].status == "passed"

@@ -100,7 +100,20 @@ class TestStats(unittest.TestCase):
 if __name__ == "__main__":
     unittest.main()
 ''',
-    "tests/test.sh": TEST_SH.format(command="cd /app && PYTHONPATH=/app python3 -m unittest discover -s /tests -t /tests"),
+    # The tests import the agent's package, so its code runs in the verifier: a canary test that must
+    # fail, reported by the runner after the whole suite, catches blanket forgeries (os._exit(0) or
+    # an "OK" printed at import) that a bare exit status would take for success.
+    "tests/test.sh": TEST_SH.format(
+        command="cd /app && PYTHONPATH=/app python3 /tests/run_tests.py | tail -n 1 | grep -qx 'only the canary failed'"),
+    "tests/run_tests.py": '''import sys
+import unittest
+
+suite = unittest.defaultTestLoader.discover("/tests", top_level_dir="/tests")
+result = unittest.TextTestRunner(stream=open("/dev/null", "w")).run(suite)
+failed = sorted(test.id() for test, _ in result.failures + result.errors)
+ok = failed == ["test_median_hidden.TestMedianHidden.test_zz_canary_must_fail"] and result.testsRun > 1
+print("only the canary failed" if ok else f"failed: {failed}")
+''',
     "tests/test_median_hidden.py": '''import unittest
 
 from stats import median
@@ -124,6 +137,9 @@ class TestMedianHidden(unittest.TestCase):
     def test_empty(self):
         with self.assertRaises(ValueError):
             median([])
+
+    def test_zz_canary_must_fail(self):
+        self.fail("the canary: a run in which it passes was forged")
 
 
 if __name__ == "__main__":
