@@ -158,3 +158,34 @@ def test_a_blanket_forgery_from_the_agents_code_meets_the_canary(pool, rows):
     row["verify"] = ("cd /app && PYTHONPATH=/app python3 -m unittest discover -s /tests -t /tests "
                      "&& echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt")
     assert _score(pool, row, [forge])[0].status == "passed"
+
+
+def test_evaluate_scores_bash_samples_on_harbor_task_directories(tmp_path, capsys):
+    import json
+
+    from trl_sandbox.agents.builtin_tasks import write_builtin
+    from trl_sandbox.commands.cli import main
+
+    tasks = tmp_path / "tasks"
+    write_builtin(tasks)
+    rows = {r["task_id"]: r for r in agent_rows(str(tasks), image_map=["python:3.11-slim=host"])}
+    samples = tmp_path / "samples.jsonl"
+    lines = [{"task_id": "error-digest", "completion": f"```bash\n{rows['error-digest']['solution']}\n```"},
+             {"task_id": "error-digest", "completion": "echo 1 > /logs/verifier/reward.txt"},
+             {"task_id": "fix-median", "completion": rows["fix-median"]["solution"]}]
+    samples.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "results.jsonl"
+    cache = Path(tempfile.mkdtemp(prefix="trl-sandbox-agenteval-", dir="/var/tmp"))
+    os.chmod(cache, 0o755)
+    try:
+        assert main(["evaluate", str(samples), "--tasks", str(tasks), "--image-map", "python:3.11-slim=host",
+                     "--setting", f"environment_cache={cache}", "--output", str(out), "--k", "1",
+                     "--no-progress"]) == 0
+    finally:
+        remove_tree(cache)
+    results = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["status"] for r in results] == ["passed", "failed", "passed"], results
+    # Control: an image the map does not resolve is a clear error at load time.
+    capsys.readouterr()
+    assert main(["evaluate", str(samples), "--tasks", str(tasks), "--image-map", "ubuntu:22.04=host"]) == 2
+    assert "not in the image map; pass --image-map" in capsys.readouterr().err

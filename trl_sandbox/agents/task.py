@@ -38,10 +38,32 @@ class AgentTask:
     """Scores rows whose ``sandbox_task`` is ``agent`` (see the module docstring)."""
 
     name = "agent"
+    description = "agent tasks in a prepared environment, graded out of the agent's reach (built-in set)"
 
     def rows(self, **options: Any) -> list[dict[str, Any]]:
-        raise ConfigError("the agent task has no rows of its own: load task directories with "
-                          "trl_sandbox.agents.load_agent_tasks(DIR, image_map=...)")
+        """The built-in set (``agents.builtin_tasks``); any Harbor, terminal-bench or SWE-style
+        set loads with ``trl_sandbox.agents.load_agent_tasks(SOURCE, image_map=...)``."""
+        from trl_sandbox.agents.load import agent_rows
+
+        return agent_rows("builtin", **options)
+
+    def validate(self) -> list[str]:
+        """Every built-in task's oracle passes and an empty script fails, graded as training grades."""
+        from trl_sandbox.pool.sandbox_pool import SandboxPool
+        from trl_sandbox.scoring.scorer import Scorer
+
+        problems = []
+        rows = self.rows()
+        with SandboxPool.open("local", size=2) as pool:
+            scorer = Scorer(pool, cache_size=0)
+            outcomes = scorer.score([s for r in rows for s in (r["solution"], "true")], [r for r in rows for _ in "ab"])
+        for i, row in enumerate(rows):
+            oracle, nothing = outcomes[2 * i], outcomes[2 * i + 1]
+            if oracle.status != "passed":
+                problems.append(f"{row['task_id']}: the oracle scored {oracle.status} ({oracle.detail})")
+            if nothing.status != "failed":
+                problems.append(f"{row['task_id']}: an empty script scored {nothing.status} ({nothing.detail})")
+        return problems
 
     def build(self, completion: str, row: Mapping[str, Any]) -> Program | Outcome:
         raise ConfigError("agent rows are run with AgentTask.arun (the scorer does so)")
