@@ -126,8 +126,8 @@ def row_of(row: Mapping[str, Any]) -> dict[str, Any]:
     if missing:
         raise ConfigError(f"task {task}: missing column(s) {missing}; an agent task needs a prompt, an environment "
                           "and a verify command (see trl_sandbox.agents.columns)")
-    if not isinstance(row["prompt"], str) or not isinstance(row["verify"], str):
-        raise ConfigError(f"task {task}: prompt and verify must be text")
+    if not isinstance(row["prompt"], (str, list)) or not isinstance(row["verify"], str):
+        raise ConfigError(f"task {task}: prompt (text, or chat messages) and verify (text) are needed")
     environment = row["environment"]
     spec = parse(environment)
     if isinstance(environment, str):

@@ -280,6 +280,8 @@ class SandboxEnvironment:
     def run_tests(self) -> str:
         """Run the task's tests on the solution file: the verdict, how many pass, the error if the code raised."""
         def judge(_sandbox: Sandbox) -> str:
+            if self._row.get(TASK_COLUMN) == "agent":  # its tests are hidden until the episode ends
+                return "[error] this task has no public tests: the hidden tests run when the episode ends"
             with self._budget_lock:  # tool calls of one turn may run on several threads at once
                 if self._attempts_left is not None:
                     if self._attempts_left <= 0:
@@ -352,6 +354,7 @@ class SandboxEnvironment:
             else:
                 outcome = self._pool.loop.run(task.grade_episode(self._pool, sandbox, self._row))
         except Exception as exc:  # a lost sandbox, a failed setup: never the agent's verdict
+            log.warning("an agent episode could not be graded: %r", exc)
             outcome = Outcome("infra", detail=f"{type(exc).__name__}: {exc}")
         finally:
             self._release()
