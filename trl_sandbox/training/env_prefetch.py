@@ -178,20 +178,25 @@ def _report(future: Any) -> None:
 
 
 def drain_environment_stats(pool: Any) -> BuildStats | None:
-    """The provider's prepared-environment counters since the last call (as the pool reads them)."""
-    own = getattr(pool, "environment_stats", None)
+    """The provider's prepared-environment counters since the last call: its ``environment_stats()``,
+    else its ``environments.builds`` (the local and ray providers); ``None`` when it has neither."""
+    provider = getattr(pool, "provider", None)
+    own = getattr(provider, "environment_stats", None)
     if callable(own):
         return own()
-    builds = getattr(getattr(getattr(pool, "provider", None), "environments", None), "builds", None)
+    builds = getattr(getattr(provider, "environments", None), "builds", None)
     return builds.drain() if builds is not None else None
 
 
 def record_environment_metrics(metrics: RankMetrics, pool: Any) -> None:
     """``env/builds``, ``env/build_s``, ``env/failures`` (summed over ranks), ``env/hit_rate`` (from
-    the summed counts) and ``env/lease_ms_p50``/``_max`` (over every rank's samples) of one step."""
+    the summed counts) and ``env/lease_ms_p50``/``_max`` (over every rank's samples) of one step:
+    raw counts, so that ranks merge exactly (a provider's finished ``environment_metrics()`` would not)."""
     stats = drain_environment_stats(pool)
-    if stats is None or not (stats.builds or stats.hits or stats.misses or stats.failures or stats.lease_ms):
+    if stats is None:
         return
+    if not (stats.builds or stats.hits or stats.misses or stats.failures or stats.lease_ms):
+        return  # a step that prepared and leased nothing logs no env/* keys
     metrics.count("env/builds", float(stats.builds))
     metrics.count("env/build_s", float(stats.build_s))
     metrics.count("env/failures", float(stats.failures))
