@@ -73,7 +73,13 @@ def parse(value: Any) -> EnvironmentSpec | None:
         return None
     if isinstance(value, EnvironmentSpec):
         return value
-    if isinstance(value, (str, bytes)):
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    if isinstance(value, str):
+        if not value.lstrip().startswith("{"):
+            # TRL's dict of environment factories names a row's factory in a column of this name
+            # (``environment: "my_env"``): that is TRL's, not a prepared environment.
+            return None
         try:
             value = json.loads(value)
         except ValueError as exc:

@@ -28,6 +28,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+from trl_sandbox.environments.builds import SetupFailed
 from trl_sandbox.environments.spec import row_environment
 from trl_sandbox.pool.sandbox_pool import SandboxPool
 from trl_sandbox.sandbox import (
@@ -211,6 +212,10 @@ class SandboxEnvironment:
                     self._call(self._sandbox.use_environment(prepared))
                 for path, data in files.items():
                     self._call(self._sandbox.write_file(path, data))
+                return row.get("observation")
+            except SetupFailed as exc:  # the environment's setup (built at this lease): no retry helps
+                self._release()
+                self._lose(exc)
                 return row.get("observation")
             except (ValueError, TypeError) as exc:  # refused on the host: the row's own paths
                 self._release()
