@@ -22,7 +22,7 @@ from pathlib import Path
 
 from trl_sandbox.environments.cache import EnvironmentCache, remove_tree
 from trl_sandbox.environments.spec import EnvironmentSpec
-from trl_sandbox.sandbox import InfraError
+from trl_sandbox.sandbox import ConfigError, InfraError
 
 log = logging.getLogger("trl_sandbox.environments")
 
@@ -90,7 +90,7 @@ class Builds:
         self._attempts = attempts
         self._lock = threading.Lock()
         self._flights: dict[str, concurrent.futures.Future] = {}
-        self._failed: dict[str, SetupFailed] = {}
+        self._failed: dict[str, SetupFailed | ConfigError] = {}
         self.stats = BuildStats()
 
     def key(self, spec: EnvironmentSpec) -> str:
@@ -130,7 +130,7 @@ class Builds:
         try:
             flight.set_result(self._get(spec, key))
         except BaseException as exc:  # noqa: BLE001 - handed to every waiter
-            if isinstance(exc, SetupFailed):
+            if isinstance(exc, (SetupFailed, ConfigError)):  # a base that cannot run: the same next time
                 with self._lock:
                     self._failed[key] = exc
             flight.set_exception(exc)
