@@ -108,7 +108,7 @@ def _layout(layout: Path, layers: list[bytes], tag: str) -> str:
 
 
 def _deleting_layer(extra: str = "a") -> bytes:
-    return tar(D("usr/share"), F("usr/share/.wh.doomed.txt"), F("etc/extra", extra))
+    return tar(D("usr/share"), F("usr/share/.wh.doomed.txt"), F("etc/extra", extra), L("app/out", "/var/tmp"))
 
 
 @pytest.fixture(scope="module")
@@ -209,12 +209,15 @@ def test_two_bases_differing_in_one_layer_byte_are_two_builds(pool, images):
 def test_a_base_that_cannot_run_a_sandbox_is_a_config_error(pool, images, which, message):
     with pytest.raises(ConfigError, match=message):
         _run(pool, "true", images[which], setup=[])
+    builds = pool.provider.environments.builds
+    builds.drain()
     # Reported again without another build; a row of it scores infra, not a verdict on the code.
     row = {"prompt": "p", "tests": [{"input": "", "output": "1\n"}],
            "environment": {"base": images[which], "workdir": "/app"}}
     program = "```python\nprint(1)\n```"
     outcome = Scorer(pool, cache_size=0).score([program], [row])[0]
     assert outcome.status == "infra" and outcome.reward is None
+    assert builds.drain().builds == 0  # the failure was remembered, not built again
     # Control: the same row on the image that runs passes.
     good = {**row, "environment": {"base": images["two"], "workdir": "/app"}}
     assert Scorer(pool, cache_size=0).score([program], [good])[0].status == "passed"
@@ -234,3 +237,15 @@ def test_a_root_outside_the_environment_cache_is_refused(pool, images):
         assert result.exit_code == 0 and "python3.11" in result.stdout, result.stderr
     finally:
         pool.loop.run(provider.destroy(sandbox.id))
+
+
+def test_files_never_follow_a_link_of_the_image(pool, images):
+    # The image's /app/out is a link to /var/tmp: a row's file under it must not land on the host.
+    env = {"base": images["two"], "workdir": "/app", "files": {"out/escaped.txt": "x"}}
+    with pytest.raises(ConfigError, match="not a directory of the image"):
+        pool.run(["true"], timeout=5, environment=parse(env))
+    assert not Path("/var/tmp/escaped.txt").exists()
+    # Control: the same file beside the link is written.
+    env["files"] = {"in/escaped.txt": "x"}
+    result = pool.run(["/bin/sh", "-c", "cat in/escaped.txt; echo; readlink out"], timeout=5, environment=parse(env))
+    assert result.exit_code == 0 and result.stdout.split() == ["x", "/var/tmp"], result.stderr
