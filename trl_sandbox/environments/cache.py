@@ -122,13 +122,17 @@ class EnvironmentCache:
         with self._held_lock:
             if key in self._held:
                 return self.tree(key).is_dir()
-            fd = self._lock_fd(key)
-            fcntl.flock(fd, fcntl.LOCK_SH)
-            if not self.tree(key).is_dir():
+        fd = self._lock_fd(key)
+        fcntl.flock(fd, fcntl.LOCK_SH)  # never under _held_lock: a build of this process may need it
+        if not self.tree(key).is_dir():
+            os.close(fd)
+            return False
+        with self._held_lock:
+            if key in self._held:  # another thread of ours took it meanwhile
                 os.close(fd)
-                return False
-            self._held[key] = fd
-            return True
+            else:
+                self._held[key] = fd
+        return True
 
     def release(self, key: str) -> None:
         """No lease of this process uses ``key`` any more: it may be evicted."""
