@@ -56,7 +56,7 @@ class EnvironmentPools:
     def image_pool(self, prepared: Prepared | None) -> Any:
         """The pool whose sandboxes are made from ``prepared.image`` (``None``: this pool serves it)."""
         image = getattr(prepared, "image", None)
-        if not image:
+        if not image or self.spec.image == image:  # none, or this is that image's pool
             return None
         pools = self._by_image
         with self._by_image_lock:
