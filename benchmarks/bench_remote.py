@@ -196,7 +196,10 @@ def measure(way: str, n: int, size: int, seed: int | None) -> dict:
 BEFORE_ISSUE_36 = (('    private_namespaces(spec.get("network"))\n', "    pass\n"),
                    ("                private_namespaces(False)", "                pass"),
                    ("    seal_proc()\n", "    pass\n"), ("        fresh_keyrings()\n", "        pass\n"),
-                   ("    ends = streams(spec)\n", "    ends = streams({})\n"))
+                   ("    ends = streams(spec)\n", "    ends = streams({})\n"),
+                   ('    sockets = () if spec.get("network") else listening_sockets()\n', "    sockets = ()\n"),
+                   ('        if not sweep_mode and spec.get("user") is not None:\n',
+                    "        if False:\n"))
 
 
 def launcher_cost(n: int) -> dict:

@@ -24,7 +24,7 @@ CORE_PYTHONS=${CORE_PYTHONS-3.10 3.13}
 CORE_TESTS=(tests/test_import.py tests/test_content_fuzz.py tests/test_judge_values.py
             tests/test_judge_isolation.py tests/test_scoring.py tests/test_cli.py tests/test_extract.py
             tests/test_bans.py tests/test_builtin_tasks.py tests/test_generic_task.py tests/test_hacks.py
-            plugins/humaneval/tests/test_humaneval.py
+            tests/test_environments.py tests/test_environment_bases.py plugins/humaneval/tests/test_humaneval.py
             --deselect tests/test_cli.py::test_train_with_a_model_that_cannot_be_loaded_is_a_one_line_error)
 MAIN=$(.venv/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || echo none)
 

@@ -8,6 +8,7 @@ changes; the next lease of the same environment must see the prepared state only
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from trl_sandbox.environments.cache import remove_tree
+from trl_sandbox.local.mounts import check_mount_point
 from trl_sandbox.plugins import make_provider
 from trl_sandbox.pool.sandbox_pool import SandboxPool
 from trl_sandbox.sandbox import ConfigError
@@ -169,3 +171,18 @@ def test_episodes_get_their_own_copy(pool):
     other.reset(**row)
     assert "40" in other.bash("cat derived.txt") and "solution.py" not in other.bash("ls")
     other.get_reward()
+
+
+def test_a_setup_that_prints_a_flood_keeps_only_its_tail(pool, cache_dir):
+    env = {"setup": ["head -c 30000000 /dev/zero | tr '\\0' 'x'; echo; echo the-end"]}
+    assert _sh(pool, "echo ok", environment=env).stdout == "ok\n"
+    metas = [json.loads(m.read_text()) for m in cache_dir.glob("*/meta.json")]
+    flood = [m for m in metas if "the-end" in m["output"]]
+    assert len(flood) == 1 and len(flood[0]["output"]) <= 4003  # the tail, not 30 MB
+
+
+@pytest.mark.parametrize("point", ["/.trl-sandbox", "/usr", "/tmp", "/a/b", "app", "/nix"])
+def test_mount_points_are_new_top_level_directories(point):
+    with pytest.raises(ConfigError, match="mount_points"):
+        check_mount_point(point)
+    assert check_mount_point("/app") == "/app"  # control

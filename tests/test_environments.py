@@ -7,6 +7,7 @@ in ``test_environment_leases.py``.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -54,6 +55,7 @@ def test_the_key_hashes_what_builds_the_state_and_nothing_of_the_row():
     ({"setup_timeout": 0}, "positive"),
     ({"setup_network": "yes"}, "true or false"),
     ({"image": "x"}, "unknown field"),
+    ({"files": {"a": "1", "a/b": "2"}}, "is a file"),
     ("{not json", "not valid JSON"),
     (["files"], "must be a dict"),
 ])
@@ -63,8 +65,10 @@ def test_a_malformed_environment_says_which_field_and_what_to_write(bad, words):
 
 
 def test_rows_without_an_environment_have_none():
-    for empty in (None, "", {}, "null", "{}"):
+    for empty in (None, "", {}, "{}"):
         assert parse(empty) is None
+    # TRL's dict of environment factories names the row's factory in a column of the same name.
+    assert parse("math_env") is None and parse({"setup": ["true"]}) is not None
     assert parse({"setup": "make"}).setup == ("make",)  # a single command as a string
 
 
@@ -171,8 +175,67 @@ def test_the_cache_keeps_its_budget_least_recently_used_first(tmp_path):
     present = {k[0] for k in (p.parent.name for p in (tmp_path / "c").glob("*/meta.json"))}
     assert "b" not in present and {"a", "c"} <= present
     # Control: a key in use is never evicted, however old.
-    cache.in_use.add("a" * 64)
+    assert cache.hold("a" * 64)
     staging = cache.staging()
     (staging / "tree" / "blob").write_bytes(b"x" * 40_000)
     cache.commit(staging, "d" * 64, {})
     assert cache.ready("a" * 64) is not None
+
+
+EVICTOR = textwrap.dedent("""
+    import sys
+    from trl_sandbox.environments.builds import Builds
+    from trl_sandbox.environments.cache import EnvironmentCache
+    from trl_sandbox.environments.spec import parse
+
+    def build(spec, key, staging):
+        (staging / "tree" / "blob").write_bytes(b"y" * 40_000)
+        return {}
+
+    builds = Builds(EnvironmentCache(sys.argv[1], budget_mb=0.05), "test", build)
+    builds.prepare_sync(parse({"setup": [sys.argv[2]]}))
+""")
+
+
+def test_another_process_never_evicts_a_tree_this_one_leases_from(tmp_path):
+    calls: list = []
+    builds = Builds(EnvironmentCache(tmp_path / "c", budget_mb=0.05), "test",
+                    lambda spec, key, staging: (staging / "tree" / "blob").write_bytes(b"x" * 40_000) and {})
+    prepared = builds.prepare_sync(parse(SPEC))
+    assert prepared.tree.is_dir()
+
+    def other_rank(command):
+        subprocess.run([sys.executable, "-c", EVICTOR, str(tmp_path / "c"), command], check=True, timeout=60)
+
+    other_rank("one")  # over the budget: ours is the least recently used, but held
+    assert prepared.tree.is_dir() and (prepared.tree / "blob").exists()
+    # Control: once no lease of ours uses it (and it idled), the next build elsewhere evicts it.
+    builds.release_idle(active=set(), idle_s=0)
+    other_rank("two")
+    assert not prepared.tree.exists()
+    assert calls == []
+    # And a later lease here builds it again instead of finding half a tree.
+    assert (builds.prepare_sync(parse(SPEC)).tree / "blob").exists()
+
+
+def test_trees_of_any_depth_are_measured_and_removed(tmp_path):
+    from trl_sandbox.environments.cache import remove_tree, tree_size
+
+    deep = tmp_path / "deep"
+    bottom = str(deep) + "/d" * 1100  # deeper than Python's recursion limit
+    subprocess.run(["mkdir", "-p", bottom], check=True)
+    with open(bottom + "/f", "w") as f:
+        f.write("x")
+    os.chmod(bottom, 0)  # and a directory without permissions at the bottom
+    size, entries = tree_size(deep)
+    assert entries == 1101 and size > 0  # the 1100 directories and the file
+    remove_tree(deep)
+    assert not deep.exists()
+    # Control: the tree was there, and a symlink out of a removed tree is not followed.
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("k")
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "link").symlink_to(outside)
+    remove_tree(tmp_path / "t")
+    assert (outside / "keep").read_text() == "k" and not (tmp_path / "t").exists()

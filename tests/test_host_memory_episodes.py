@@ -20,7 +20,8 @@ from trl_sandbox import load_tasks
 from trl_sandbox.pool.sandbox_pool import SandboxPool
 from trl_sandbox.sandbox import ExecResult
 from trl_sandbox.scoring.scorer import Scorer
-from trl_sandbox.training.environment import SandboxEnvironment, _render
+from trl_sandbox.training.environment import SandboxEnvironment
+from trl_sandbox.training.episode_parts import _render
 
 MIB = 1 << 20
 LIMIT = 4000

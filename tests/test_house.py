@@ -27,6 +27,7 @@ RANKS = {
     "trl_sandbox.remote": 3,
     "trl_sandbox.pool": 4,
     "trl_sandbox.tasks": 5,
+    "trl_sandbox.agents": 5,
     "trl_sandbox.scoring": 6,
     "trl_sandbox.training": 7,
     "trl_sandbox.commands": 8,

@@ -39,6 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("samples", help='JSONL samples file, one {"task_id", "completion"} per line ("-" for stdin)')
     parser.add_argument("--tasks", default="humaneval",
                         help="task set the task ids belong to (default: humaneval), or a JSONL file of generic-task rows")
+    parser.add_argument("--image-map", action="append", default=[], metavar="NAME=host|oci:PATH",
+                        help="agent tasks (--tasks DIR of Harbor or terminal-bench task directories): what a "
+                             "Dockerfile's FROM image runs on, repeatable; NAME may be *")
     parser.add_argument("--provider", default="local", help="sandbox provider (default: local)")
     parser.add_argument("--setting", action="append", default=[], metavar="KEY=VALUE",
                         help="provider setting, repeatable")
@@ -116,9 +119,30 @@ def read_samples(lines: Sequence[str], known: Mapping[str, Any] | None) -> list[
     return out
 
 
-def _task_rows(spec: str) -> tuple[str, dict[str, dict[str, Any]]]:
-    """(display name, rows by task id) for a task set name or a JSONL file of generic rows."""
+def _agent_rows_file(path: Path) -> bool:
+    """Whether a JSONL file's first row is an agent task's (``sandbox_task: agent``, or SWE-style)."""
+    if path.suffix not in (".jsonl", ".json"):
+        return False
+    with path.open(encoding="utf-8") as f:
+        first = next((line for line in f if line.strip()), "")
+    try:
+        row = json.loads(first)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(row, dict) and (row.get(TASK_COLUMN) == "agent" or {"repo", "base_commit"} <= set(row))
+
+
+def _task_rows(spec: str, image_map: Sequence[str] = ()) -> tuple[str, dict[str, dict[str, Any]]]:
+    """(display name, rows by task id) for a task set name, a JSONL file of generic rows, or agent
+    tasks (a directory of task directories, or a JSONL file of their rows)."""
     path = Path(spec)
+    if path.is_dir() or (path.is_file() and _agent_rows_file(path)):  # agent task directories, or their rows
+        from trl_sandbox.agents.load import agent_rows
+
+        rows = {}
+        for row in agent_rows(str(path), image_map=image_map or None):
+            rows.setdefault(str(row["task_id"]), row)
+        return spec, rows
     if spec.endswith((".jsonl", ".json")) and path.is_file():
         from trl_sandbox.tasks.generic import GenericTask
 
@@ -199,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
     """Run ``trl-sandbox evaluate``; returns the exit status."""
     ks = _ks(args.k)
     check_arguments(args)
-    name, rows_by_id = _task_rows(args.tasks)
+    name, rows_by_id = _task_rows(args.tasks, args.image_map)
     if args.samples == "-":
         lines = sys.stdin.read().splitlines()
     else:

@@ -26,7 +26,8 @@ from trl_sandbox.sandbox import InfraError
 
 log = logging.getLogger("trl_sandbox.environments")
 
-OUTPUT_KEPT = 4000  # the tail of a failed setup's output kept for the log and the outcome's detail
+OUTPUT_KEPT = 4000
+IDLE_S = 60.0  # a key no lease used for this long may be evicted (see Builds.release_idle)  # the tail of a failed setup's output kept for the log and the outcome's detail
 
 
 class SetupFailed(InfraError):
@@ -82,7 +83,8 @@ class Builds:
     """Single-flight builds of one provider kind into one cache (see the module docstring)."""
 
     def __init__(self, cache: EnvironmentCache, kind: str, build: BuildFn,
-                 digest: Callable[[str], str] | None = None, attempts: int = 2) -> None:
+                 digest: Callable[[str], str] | None = None, attempts: int = 2,
+                 active: Callable[[], set[str]] | None = None) -> None:
         self.cache = cache
         self.kind = kind
         self._build = build
@@ -91,6 +93,8 @@ class Builds:
         self._lock = threading.Lock()
         self._flights: dict[str, concurrent.futures.Future] = {}
         self._failed: dict[str, SetupFailed] = {}
+        self._used: dict[str, float] = {}  # key -> when a lease of this process last prepared it
+        self._active = active
         self.stats = BuildStats()
 
     def key(self, spec: EnvironmentSpec) -> str:
@@ -104,7 +108,10 @@ class Builds:
     async def prepare(self, spec: EnvironmentSpec) -> Prepared:
         """The built state for ``spec`` (see the module docstring). Never blocks the event loop."""
         key = await asyncio.get_running_loop().run_in_executor(None, self.key, spec)
+        if self._active is not None:
+            self.release_idle(self._active() | {key})
         with self._lock:
+            self._used[key] = time.monotonic()
             if key in self._failed:
                 self.stats.misses += 1
                 raise self._failed[key]
@@ -139,46 +146,65 @@ class Builds:
         return Prepared(key, self.cache.tree(key), spec.workdir, spec, meta.get("image"))
 
     def _get(self, spec: EnvironmentSpec, key: str) -> Prepared:
-        meta = self.cache.ready(key)
-        if meta is not None:
-            with self._lock:
-                self.stats.hits += 1
-                self.cache.in_use.add(key)
-            return self._prepared(spec, key, meta)
-        with self.cache.locked(key):
-            meta = self.cache.ready(key)  # another process built it while we waited
-            if meta is not None:
+        built = False
+        for _ in range(3):
+            meta = self.cache.ready(key)
+            if meta is not None and self.cache.hold(key):
                 with self._lock:
-                    self.stats.hits += 1
-                    self.cache.in_use.add(key)
+                    self._used[key] = time.monotonic()
+                    if not built:
+                        self.stats.hits += 1
                 return self._prepared(spec, key, meta)
-            with self._lock:
-                self.stats.misses += 1
-            error: SetupFailed | None = None
-            for attempt in range(1, self._attempts + 1):
-                staging = self.cache.staging()
-                t0 = time.perf_counter()
-                try:
-                    meta = self._build(spec, key, staging)
-                except SetupFailed as exc:
-                    remove_tree(staging)
-                    error = exc
-                    log.warning("prepared environment %s (%s): setup failed (attempt %d of %d): %s",
-                                key[:12], spec.describe(), attempt, self._attempts, exc)
-                    continue
-                except BaseException:
-                    remove_tree(staging)
-                    raise
+            with self.cache.locked(key):
+                if self.cache.ready(key) is None:  # not built by another process while we waited
+                    with self._lock:
+                        self.stats.misses += 1
+                    self._build_locked(spec, key)
+                    built = True
+        raise InfraError(f"prepared environment {key[:12]} was evicted as soon as it was built, three times: "
+                         "raise the cache's budget (environment_cache_mb)")
+
+    def _build_locked(self, spec: EnvironmentSpec, key: str) -> None:
+        """Build ``key`` (its lock held), trying twice; ``SetupFailed`` when both fail."""
+        error: SetupFailed | None = None
+        for attempt in range(1, self._attempts + 1):
+            staging = self.cache.staging()
+            t0 = time.perf_counter()
+            try:
+                meta = self._build(spec, key, staging)
                 seconds = time.perf_counter() - t0
-                meta = {**meta, "build_s": round(seconds, 3), "kind": self.kind}
-                with self._lock:
-                    self.stats.builds += 1
-                    self.stats.build_s += seconds
-                    self.cache.in_use.add(key)
-                self.cache.commit(staging, key, meta)
-                log.info("prepared environment %s built in %.1f s (%s)", key[:12], seconds, spec.describe())
-                return self._prepared(spec, key, meta)
+                self.cache.commit(staging, key, {**meta, "build_s": round(seconds, 3), "kind": self.kind})
+            except Exception as exc:  # a failed setup, or a tree the host cannot take in
+                remove_tree(staging)
+                if isinstance(exc, InfraError) and not isinstance(exc, SetupFailed):
+                    raise  # the service failed a remote build (a create, a snapshot): not remembered
+                error = exc if isinstance(exc, SetupFailed) else SetupFailed(
+                    f"the build failed: {type(exc).__name__}: {exc}")
+                log.warning("prepared environment %s (%s): setup failed (attempt %d of %d): %s",
+                            key[:12], spec.describe(), attempt, self._attempts, error)
+                continue
+            except BaseException:
+                remove_tree(staging)
+                raise
             with self._lock:
-                self.stats.failures += 1
-            assert error is not None
-            raise error
+                self.stats.builds += 1
+                self.stats.build_s += seconds
+            log.info("prepared environment %s built in %.1f s (%s)", key[:12], seconds, spec.describe())
+            return
+        with self._lock:
+            self.stats.failures += 1
+        assert error is not None
+        raise error
+
+    def release_idle(self, active: set[str], idle_s: float = IDLE_S) -> None:
+        """Let the cache evict keys that no lease of this process uses (``active``: the keys of the
+        leases running now) and that were not prepared for ``idle_s`` seconds."""
+        now = time.monotonic()
+        for key in self.cache.held - active:
+            with self._lock:
+                recent = now - self._used.get(key, 0.0) < idle_s
+                if not recent:
+                    self._used.pop(key, None)
+                    self._flights.pop(key, None)  # the next lease holds it again (or rebuilds)
+            if not recent:
+                self.cache.release(key)

@@ -9,8 +9,9 @@ Layout under the cache root::
     .build-*/          builds under way; renamed to ``<key>`` when complete, so a reader never
                        sees half a tree
 
-Eviction removes the least recently used keys past the budget, never one this process leases
-from (``in_use``), and first renames it away so that no later lease finds half of it.
+Eviction removes the least recently used keys past the budget, never one that a process leases
+from (it holds the key's lock shared: ``hold``), and first renames it away so that no later lease
+finds half of it.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ import fcntl
 import json
 import logging
 import os
-import shutil
 import stat
+import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -47,37 +49,36 @@ def default_root() -> Path:
 
 def remove_tree(path: Path) -> None:
     """``rm -rf`` that also gets through directories a build left without write or search
-    permission (mode 000, as overlayfs leaves its work directory)."""
-
-    def fix(func, target, _exc):
-        parent = os.path.dirname(target)
-        for p in (parent, target):
-            try:
-                if not os.path.islink(p):
-                    os.chmod(p, stat.S_IRWXU)
-            except OSError:
-                pass
-        func(target)
-
-    if path.exists() or path.is_symlink():
-        try:
-            os.chmod(path, stat.S_IRWXU)
-        except OSError:
-            pass
-        shutil.rmtree(path, onerror=fix)
+    permission (mode 000, as overlayfs leaves its work directory) and trees of any depth (a setup
+    may nest thousands of directories: Python's own walkers recurse per level). Never follows a
+    symlink out of the tree, never crosses into another file system."""
+    if not (path.exists() or path.is_symlink()):
+        return
+    if not path.is_symlink():
+        subprocess.run(["chmod", "-R", "u+rwx", "--", str(path)], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, check=False)
+    subprocess.run(["rm", "-rf", "--one-file-system", "--", str(path)], stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, check=False)
 
 
 def tree_size(path: Path) -> tuple[int, int]:
-    """(bytes, files) of a tree, not following symlinks."""
+    """(bytes, entries) of a tree, not following symlinks; iterative, so any depth is fine."""
     total = files = 0
-    for root, dirs, names in os.walk(path):
-        for name in names + dirs:
+    stack = [str(path)]
+    while stack:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except OSError:
+            continue
+        for entry in entries:
             try:
-                st = os.lstat(os.path.join(root, name))
+                st = entry.stat(follow_symlinks=False)
             except OSError:
                 continue
             total += st.st_blocks * 512
             files += 1
+            if stat.S_ISDIR(st.st_mode):
+                stack.append(entry.path)
     return total, files
 
 
@@ -89,7 +90,8 @@ class EnvironmentCache:
         self.root = Path(root) if root is not None else default_root()
         self.budget_bytes = int(budget_mb * (1 << 20))
         self.owner = owner
-        self.in_use: set[str] = set()
+        self._held: dict[str, int] = {}  # key -> fd holding its lock shared: leased from here
+        self._held_lock = threading.Lock()
         self.root.mkdir(parents=True, exist_ok=True)
         if owner is not None and os.geteuid() == 0:
             os.chown(self.root, owner, owner)
@@ -108,10 +110,41 @@ class EnvironmentCache:
             return None
         return data if self.tree(key).is_dir() else None
 
+    def _lock_fd(self, key: str) -> int:
+        return os.open(self.root / f"{key}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+
+    def hold(self, key: str) -> bool:
+        """Take the key's lock shared for as long as this process leases from its tree, so that no
+        process evicts it meanwhile (an eviction takes the lock exclusive, without waiting). False
+        when the tree is gone (evicted before we held it): build it again."""
+        with self._held_lock:
+            if key in self._held:
+                return self.tree(key).is_dir()
+            fd = self._lock_fd(key)
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            if not self.tree(key).is_dir():
+                os.close(fd)
+                return False
+            self._held[key] = fd
+            return True
+
+    def release(self, key: str) -> None:
+        """No lease of this process uses ``key`` any more: it may be evicted."""
+        with self._held_lock:
+            fd = self._held.pop(key, None)
+        if fd is not None:
+            os.close(fd)
+
+    @property
+    def held(self) -> set[str]:
+        with self._held_lock:
+            return set(self._held)
+
     @contextlib.contextmanager
     def locked(self, key: str) -> Iterator[None]:
         """Hold the key's build lock (blocking: call it from a worker thread)."""
-        fd = os.open(self.root / f"{key}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self.release(key)  # our own shared hold would block our exclusive lock forever
+        fd = self._lock_fd(key)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -165,18 +198,29 @@ class EnvironmentCache:
         entries = self.entries()
         total = sum(size for _, size, _ in entries)
         removed = []
+        held = self.held
         for _, size, key in entries:
             if total <= self.budget_bytes:
                 break
-            if key == keep or key in self.in_use:
+            if key == keep or key in held:
                 continue
-            log.info("prepared environment %s evicted (cache over its %d MB budget)", key[:12],
-                     self.budget_bytes >> 20)
-            self.discard(key)
+            fd = self._lock_fd(key)
+            try:
+                try:  # a process that leases from it holds it shared: leave it
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    continue
+                log.info("prepared environment %s evicted (cache over its %d MB budget)", key[:12],
+                         self.budget_bytes >> 20)
+                self.discard(key)
+            finally:
+                os.close(fd)
             total -= size
             removed.append(key)
-        for stale in self.root.glob(".build-*"):  # a build whose process died: older than a day
-            with contextlib.suppress(OSError):
+        for stale in [*self.root.glob(".build-*"), *self.root.glob(".trash-*")]:
+            try:  # a build whose process died: older than a day
                 if time.time() - stale.stat().st_mtime > 86400:
                     remove_tree(stale)
+            except Exception as exc:  # noqa: BLE001 - never the build's failure
+                log.warning("could not remove %s: %s", stale, exc)
         return removed

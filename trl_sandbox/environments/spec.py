@@ -73,7 +73,13 @@ def parse(value: Any) -> EnvironmentSpec | None:
         return None
     if isinstance(value, EnvironmentSpec):
         return value
-    if isinstance(value, (str, bytes)):
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    if isinstance(value, str):
+        if not value.lstrip().startswith("{"):
+            # TRL's dict of environment factories names a row's factory in a column of this name
+            # (``environment: "my_env"``): that is TRL's, not a prepared environment.
+            return None
         try:
             value = json.loads(value)
         except ValueError as exc:
@@ -98,6 +104,13 @@ def parse(value: Any) -> EnvironmentSpec | None:
         if not isinstance(text, str):
             raise ConfigError(f"environment.files[{path!r}] must be text, not {type(text).__name__}")
         parsed_files.append((_relative(path), text))
+    names = {p for p, _ in parsed_files}
+    for path in names:
+        parent = posixpath.dirname(path)
+        while parent:
+            if parent in names:
+                raise ConfigError(f"environment.files: {parent!r} is a file, so {path!r} cannot be inside it")
+            parent = posixpath.dirname(parent)
     setup = value.get("setup") or ()
     if isinstance(setup, str):
         setup = (setup,)

@@ -161,7 +161,7 @@ class Command:
         for path in meter:
             args += ["--ro-bind", path, f"{METER_DIR}/{os.path.basename(path)}"]
         if self.env_root is not None:
-            args += ["--ro-bind", self.env_root, ENV_ROOT, "--dir", ENV_LAYER]
+            args += ["--ro-bind", self.env_root, ENV_ROOT, "--dir", ENV_LAYER, "--dir", "/tests", "--dir", "/logs"]
             for point in self.mount_points:
                 args += (["--perms", "0755"] if self.tmpfs_perms else []) + ["--dir", point]
         # Mount points only: the supervisor mounts the size-capped tmpfs that programs use on top.

@@ -17,6 +17,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from trl_sandbox.local.agent_ops import AgentGrading
 from trl_sandbox.local.supervisor import protocol as _proto
 from trl_sandbox.sandbox import ExecResult, InfraError, SandboxSpec, exec_arguments, sandbox_path
 
@@ -58,7 +59,7 @@ class _Died(Exception):
         self.hung = hung
 
 
-class LocalSandbox:
+class LocalSandbox(AgentGrading):
     """One bubblewrap container with its supervisor. Use through ``LocalProvider.create``."""
 
     def __init__(self, provider: LocalProvider, sandbox_id: str, spec: SandboxSpec, proc) -> None:
@@ -124,6 +125,7 @@ class LocalSandbox:
             self._dead = reason
             self._dead_by_host = by_host
             log.debug("sandbox %s is dead: %s", self.id, reason)
+            self._provider.environments.active.pop(self.id, None)
         if self._proc.returncode is None and not self._kill_sent:
             self._kill_sent = True
             try:
@@ -346,6 +348,7 @@ class LocalSandbox:
             raise InfraError(f"sandbox {self.id} could not mount prepared environment {prepared.key[:12]}: "
                              f"{exc}") from exc
         self._work = prepared.workdir or self._provider.work_dir
+        self._provider.environments.active[self.id] = prepared.key  # not evicted while leased
         self.environment_mode = mode.decode()
         self._provider.environments.builds.stats.lease_ms.append((time.perf_counter() - t0) * 1000)
 
@@ -367,7 +370,11 @@ class LocalSandbox:
         async with self._lock:
             self._check()
             self._reset_due = True
-            self._work = self._provider.work_dir
+            self._end_environment()
+
+    def _end_environment(self) -> None:
+        self._work = self._provider.work_dir
+        self._provider.environments.active.pop(self.id, None)
 
     def defer_reset(self) -> bool:
         """``reset`` without awaiting, for a pool taking the sandbox back: True when the reset is
@@ -376,7 +383,7 @@ class LocalSandbox:
         if self._lock.locked() or not self._usable():
             return False
         self._reset_due = True
-        self._work = self._provider.work_dir
+        self._end_environment()
         return True
 
     async def alive(self) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,6 +36,12 @@ SETUP_LOOP = 'for c in "$@"; do /bin/sh -c "$c" || { s=$?; echo "setup: exit $s:
 def _tail(data: bytes) -> str:
     text = data.decode("utf-8", "replace")
     return text if len(text) <= OUTPUT_KEPT else "..." + text[-OUTPUT_KEPT:]
+
+
+def _read_tail(f) -> bytes:
+    size = f.seek(0, os.SEEK_END)
+    f.seek(max(0, size - 4 * OUTPUT_KEPT))
+    return f.read()
 
 
 def _chown_tree(tree: Path, uid: int) -> None:
@@ -70,7 +77,8 @@ class LocalEnvironments:
         self.cache = EnvironmentCache(cache_dir, cache_mb, owner=owner)
         if owner is not None:
             _check_reachable(self.cache.root, owner)
-        self.builds = Builds(self.cache, "local", self._build)
+        self.builds = Builds(self.cache, "local", self._build, active=lambda: set(self.active))
+        self.active: dict[str, str] = {}  # sandbox id -> the key its lease uses now
         command.env_root = str(self.cache.root)
         command.mount_points = self.mount_points
 
@@ -102,15 +110,17 @@ class LocalEnvironments:
             workdir = spec.workdir or self.work_dir
             args = self.command.build_args(workdir, str(tree), spec.setup_network,
                                            ["/bin/sh", "-c", SETUP_LOOP, "setup", *spec.setup])
-            try:
-                done = subprocess.run(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, timeout=spec.setup_timeout, **self._spawn)
-            except subprocess.TimeoutExpired as exc:
-                raise SetupFailed(f"setup timed out after {spec.setup_timeout:g} s; output: "
-                                  f"{_tail(exc.stdout or b'')}") from None
-            except OSError as exc:
-                raise SetupFailed(f"setup could not start: {exc}") from exc
-            output = done.stdout
+            # The output goes to a file, of which only the tail is read: a setup may print gigabytes.
+            with tempfile.TemporaryFile() as out:
+                try:
+                    done = subprocess.run(args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                          timeout=spec.setup_timeout, **self._spawn)
+                except subprocess.TimeoutExpired:
+                    raise SetupFailed(f"setup timed out after {spec.setup_timeout:g} s; output: "
+                                      f"{_tail(_read_tail(out))}") from None
+                except OSError as exc:
+                    raise SetupFailed(f"setup could not start: {exc}") from exc
+                output = _read_tail(out)
             if done.returncode != 0:
                 raise SetupFailed(f"setup failed (exit {done.returncode}); output: {_tail(output)}")
         return {"spec": spec.describe(), "output": _tail(output)}

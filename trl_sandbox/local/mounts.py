@@ -83,10 +83,11 @@ def check_mount_point(path: str) -> str:
     """One ``mount_points`` entry (where a lease's prepared environment may be mounted): a new
     top-level directory of the sandbox's read-only root."""
     norm = os.path.normpath(path) if isinstance(path, str) else ""
-    if not norm.startswith("/") or norm.count("/") != 1 or norm == "/":
+    if not re.fullmatch(r"/[A-Za-z0-9][A-Za-z0-9_-]*", norm):
         raise ConfigError(f"mount_points: {path!r} must be a top-level absolute path such as /app")
     if norm in ("/work", "/tmp", "/proc", "/dev") or norm in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc",
-                                   "/run", "/sys", "/root", "/home", "/var", "/opt", "/srv", "/mnt", "/boot"):
+                                   "/run", "/sys", "/root", "/home", "/var", "/opt", "/srv", "/mnt", "/boot", "/nix",
+                                   "/snap", "/media"):
         raise ConfigError(f"mount_points: {path!r} is a directory the sandbox has already; choose e.g. /app")
     return norm
 

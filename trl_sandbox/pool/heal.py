@@ -221,8 +221,8 @@ class PoolHealing:
             raise _Lost(f"sandbox {sandbox.id} did not answer within {deadline:.1f} s") from exc
         except SandboxGoneError as exc:
             raise _Lost(str(exc)) from exc
-        except SetupFailed as exc:  # the environment's setup, not the sandbox: no retry helps
-            raise _Broken(str(exc)) from exc
+        except SetupFailed:  # the environment's setup, not the sandbox: no retry helps, none is made
+            raise
         except RateLimitError as exc:
             raise _Transient(str(exc)) from exc
         except InfraError as exc:

@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from trl_sandbox.environments.builds import Prepared
+from trl_sandbox.environments.builds import Prepared, SetupFailed
 from trl_sandbox.environments.spec import EnvironmentSpec
 from trl_sandbox.pool.close import PoolClosing
 from trl_sandbox.pool.environment_pools import EnvironmentPools
@@ -411,6 +411,9 @@ class SandboxPool(PoolHealing, PoolClosing, EnvironmentPools):
                 self._count("infra_errors")
             except _Broken as exc:
                 raise InfraError(str(exc)) from exc
+            except SetupFailed:  # the row's environment cannot be built: the sandbox is fine
+                verdict = "kept"
+                raise
             finally:
                 self.checkin(sandbox, broken=verdict == "broken")
             log.info("sandbox job attempt %d/%d failed: %r", attempt, attempts, last)

@@ -118,8 +118,16 @@ class RemoteEnvironments:
         self._checked.discard(image)
         if key is None:
             return False
+        release = getattr(self.builds.cache, "release", None)
+        if release is not None:  # our own hold on the key would block its rebuild
+            release(key)
         self.builds.cache.discard(key)
         return True
+
+    def close(self) -> None:
+        """The provider is closing: no lease of this process uses any key now."""
+        for key in list(getattr(self.builds.cache, "held", ())):
+            self.builds.cache.release(key)
 
     # -- building ----------------------------------------------------------------------------------
 

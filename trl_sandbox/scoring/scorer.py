@@ -248,6 +248,7 @@ class Scorer:
         tasks: list[Task | None] = [None] * len(rows)
         by_key: dict[str, tuple[Program, list[int]]] = {}
         rows_for_score: list[Mapping[str, Any]] = list(rows)
+        agents: list[asyncio.Future] = []
 
         def final(i: int, outcome: Outcome) -> Outcome:
             # The reward comes from the whole outcome; only then is its detail clipped, so that
@@ -268,6 +269,9 @@ class Scorer:
                 # program enforces it per call; the sandbox adds a margin around the program).
                 row = rows_for_score[i] = {**row, "timeout": self.timeout}
             task = tasks[i] = resolve_task(row)
+            if callable(getattr(task, "arun", None)):  # an agent task: actions, then its own grading
+                agents.append(asyncio.ensure_future(self._run_agent(task, i, completion_text(completion), row, finish)))
+                continue
             built = build_guarded(task, completion_text(completion), row)
             if isinstance(built, Outcome):
                 finish(i, built)
@@ -335,7 +339,7 @@ class Scorer:
             for i, outcome in zip(indices, scored):
                 finish(i, outcome)
 
-        jobs = [asyncio.ensure_future(run_one(k, p, idx)) for k, (p, idx) in by_key.items()]
+        jobs = [asyncio.ensure_future(run_one(k, p, idx)) for k, (p, idx) in by_key.items()] + agents
         if jobs:
             done, pending = await asyncio.wait(jobs, timeout=deadline_s)
             for job in pending:
@@ -354,6 +358,19 @@ class Scorer:
     def close(self) -> None:
         """Stop the scoring thread (it also ends by itself at exit)."""
         self._executor.shutdown(wait=False)
+
+    async def _run_agent(self, task: Any, i: int, completion: str, row: Mapping[str, Any],
+                         finish: Callable[[int, Outcome], None]) -> None:
+        """An agent task's sample (``agents.task.AgentTask.arun``): never raises."""
+        try:
+            outcome = await task.arun(self.pool, completion, row)
+        except Exception as exc:  # a failed setup, a lost sandbox, a malformed row: never the model's
+            outcome = Outcome("infra", detail=f"{type(exc).__name__}: {exc}")
+        finish(i, outcome)
+
+    def reward(self, task: Task | None, outcome: Outcome) -> float | None:
+        """The reward scheme's value for ``outcome`` (``None`` for ``infra``)."""
+        return None if outcome.status == "infra" else self._reward(task, outcome)
 
     def _reward(self, task: Task | None, outcome: Outcome) -> float | None:
         task_scheme = getattr(task, "reward_scheme", None) if self._use_task_scheme else None

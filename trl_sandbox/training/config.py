@@ -145,6 +145,10 @@ class SandboxGRPOConfig(GRPOConfig):
     sandbox_cache_bytes: int = field(default=64 << 20, metadata={
         "help": "Host memory the result cache may hold, in bytes (default 64 MiB). A result over 64 KiB of "
         "output is kept as its outcomes only; older entries go first once the budget is reached."})
+    sandbox_env_prefetch: int = field(default=4, metadata={
+        "help": "Prepared environments (the dataset's `environment` column) of the next generation batch to build "
+        "in the background while the current batch runs, following the sampler's order; at most this many keys "
+        "ahead. 0 disables prefetching (each environment is then built at its first lease)."})
     sandbox_metrics_file: str | None = field(
         default="metrics.jsonl",
         metadata={"help": "File in `output_dir` that receives every logged metrics record as a JSON line (None: off)."},
@@ -192,6 +196,10 @@ class SandboxGRPOConfig(GRPOConfig):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ConfigError(f"{name}={value!r}: set it to a positive number of seconds (or leave it unset)")
+        if isinstance(self.sandbox_env_prefetch, bool) or not isinstance(self.sandbox_env_prefetch, int) \
+                or self.sandbox_env_prefetch < 0:
+            raise ConfigError(f"sandbox_env_prefetch={self.sandbox_env_prefetch!r}: set it to a number of keys, "
+                              "0 or more (0 turns prefetching off)")
         get_scheme(self.sandbox_reward_scheme)  # an unknown scheme fails here, not at the first step
         if not isinstance(self.sandbox_outage_s, (int, float)) or not self.sandbox_outage_s > 0:
             raise ConfigError(f"sandbox_outage_s must be a positive number of seconds, got {self.sandbox_outage_s!r}")

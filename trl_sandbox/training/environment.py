@@ -20,7 +20,6 @@ its pool and sizes it so that every rollout of a batch can hold a sandbox at onc
 
 from __future__ import annotations
 
-import json
 import logging
 import shlex
 import threading
@@ -29,11 +28,28 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+from trl_sandbox.environments.builds import SetupFailed
 from trl_sandbox.environments.spec import row_environment
 from trl_sandbox.pool.sandbox_pool import SandboxPool
-from trl_sandbox.sandbox import ConfigError, ExecResult, InfraError, Outcome, Sandbox, SandboxOutageError
-from trl_sandbox.scoring.clip import clip_bytes, clip_text, utf8_size
+from trl_sandbox.sandbox import (
+    TASK_COLUMN,
+    ConfigError,
+    InfraError,
+    Outcome,
+    Sandbox,
+    SandboxOutageError,
+)
+from trl_sandbox.scoring.clip import clip_bytes, clip_text
 from trl_sandbox.scoring.scorer import Scorer
+from trl_sandbox.tasks.resolve import resolve_task
+from trl_sandbox.training.episode_parts import (
+    _attempts,
+    _render,
+    _row_files,
+    _row_name,
+    _text,
+    _with_deadline,
+)
 
 log = logging.getLogger("trl_sandbox")
 
@@ -54,34 +70,6 @@ def _count_holder(pool: SandboxPool, delta: int) -> int:
         held = max(0, _held.get(pool, 0) + delta)
         _held[pool] = held
         return held
-
-
-def _render(result: ExecResult, limit: int) -> str:
-    """A command's result as the model's observation: its status, then stdout and stderr, at most
-    ``limit`` bytes of UTF-8 of output in all, each stream cut in its middle with a marker
-    ``... [N bytes cut] ...`` (see ``clip.clip_text``).
-
-    The observation stays in the conversation for the rest of the episode, and a command may write
-    16 MiB to each stream: each stream is clipped on its own first, so that the host never builds
-    the two floods joined (the old ``stdout + stderr`` cost another copy of both).
-    """
-    out, err = result.stdout, result.stderr
-    if out and err:
-        # The shorter stream keeps what it needs up to half the room; the other gets the rest.
-        half = limit // 2
-        out_short = clip_text(out, half)
-        err_short = clip_text(err, half)
-        if out_short is out:
-            err = clip_text(err, max(0, limit - 1 - utf8_size(out)))
-        elif err_short is err:
-            out = clip_text(out, max(0, limit - 1 - utf8_size(err)))
-        else:
-            out, err = out_short, clip_text(err, max(0, limit - 1 - half))
-        text = out + "\n" + err
-    else:
-        text = clip_text(out or err, limit)
-    status = "timed out" if result.timed_out else f"exit code {result.exit_code}"
-    return f"[{status}]\n{text}" if text else f"[{status}]"
 
 
 class EpisodeTally:
@@ -225,6 +213,10 @@ class SandboxEnvironment:
                 for path, data in files.items():
                     self._call(self._sandbox.write_file(path, data))
                 return row.get("observation")
+            except SetupFailed as exc:  # the environment's setup (built at this lease): no retry helps
+                self._release()
+                self._lose(exc)
+                return row.get("observation")
             except (ValueError, TypeError) as exc:  # refused on the host: the row's own paths
                 self._release()
                 raise ConfigError(f"dataset row {_row_name(row)}: cannot write its files: {exc}") from exc
@@ -293,6 +285,8 @@ class SandboxEnvironment:
     def run_tests(self) -> str:
         """Run the task's tests on the solution file: the verdict, how many pass, the error if the code raised."""
         def judge(_sandbox: Sandbox) -> str:
+            if self._row.get(TASK_COLUMN) == "agent":  # its tests are hidden until the episode ends
+                return "[error] this task has no public tests: the hidden tests run when the episode ends"
             with self._budget_lock:  # tool calls of one turn may run on several threads at once
                 if self._attempts_left is not None:
                     if self._attempts_left <= 0:
@@ -340,6 +334,9 @@ class SandboxEnvironment:
         The episode is over once it is scored, so its sandbox goes back to the pool before the
         judge runs: the judge gets a sandbox even when every other one is held by an episode.
         """
+        task = resolve_task(self._row) if self._row.get(TASK_COLUMN) else None
+        if callable(getattr(task, "grade_episode", None)):  # an agent task: graded out of its reach
+            return self._agent_reward(task)
         try:
             code: str | None = self._final_code()
         except InfraError:
@@ -353,6 +350,22 @@ class SandboxEnvironment:
         if self._tally is not None:
             self._tally.add(outcome.status)
         return outcome.reward
+
+    def _agent_reward(self, task: Any) -> float | None:
+        sandbox = self._sandbox
+        try:
+            if sandbox is None or self._pool is None or self._scorer is None:
+                outcome = Outcome("infra", detail=self._lost or "no sandbox")
+            else:
+                outcome = self._pool.loop.run(task.grade_episode(self._pool, sandbox, self._row))
+        except Exception as exc:  # a lost sandbox, a failed setup: never the agent's verdict
+            log.warning("an agent episode could not be graded: %r", exc)
+            outcome = Outcome("infra", detail=f"{type(exc).__name__}: {exc}")
+        finally:
+            self._release()
+        if self._tally is not None:
+            self._tally.add(outcome.status)
+        return self._scorer.reward(task, outcome) if self._scorer is not None else None
 
     def _final_code(self) -> str:
         path = self._row.get("solution_path", "solution.py")
@@ -376,40 +389,3 @@ def _call(factory):
     return factory()
 
 
-def _attempts(value: Any, what: str) -> int | None:
-    """An attempt budget: ``None`` or a positive whole number; a ``ConfigError`` saying so otherwise."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{what} must be a positive whole number of test runs (or None for no bound), not {value!r}")
-    return value
-
-
-def _text(exc: BaseException) -> str:
-    return str(exc).encode("utf-8", "backslashreplace").decode("utf-8")[:500]
-
-
-def _row_name(row: Mapping[str, Any]) -> str:
-    return f"task_id={row.get('task_id')!r}" if row.get("task_id") is not None else "(no task_id)"
-
-
-def _row_files(row: Mapping[str, Any]) -> dict[str, bytes]:
-    """``row["files"]`` (a mapping or its JSON) as path -> bytes; a ``ConfigError`` naming the row if unusable."""
-    files = row.get("files") or {}
-    try:
-        if isinstance(files, str):
-            files = json.loads(files)
-        if not isinstance(files, Mapping):
-            raise TypeError(f"a mapping of path -> text is needed, not {type(files).__name__}")
-        return {str(path): (text if isinstance(text, bytes) else str(text).encode()) for path, text in files.items()}
-    except (ValueError, TypeError) as exc:
-        raise ConfigError(f"dataset row {_row_name(row)}: its 'files' column is unusable: {exc}") from exc
-
-
-async def _with_deadline(coro, seconds: float):
-    import asyncio
-
-    try:
-        return await asyncio.wait_for(coro, seconds)
-    except asyncio.TimeoutError as exc:
-        raise InfraError(f"the sandbox did not answer within {seconds:.0f} s") from exc

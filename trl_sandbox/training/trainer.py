@@ -34,6 +34,11 @@ from trl_sandbox.scoring.scorer import Scorer
 from trl_sandbox.tasks.io_layouts import check_io_toolchains, io_memory_warning
 from trl_sandbox.tasks.resolve import resolve_task
 from trl_sandbox.training.config import SandboxGRPOConfig, parse_mapping  # noqa: F401  (public from here too)
+from trl_sandbox.training.env_prefetch import (
+    EnvironmentPrefetch,
+    check_environments,
+    record_environment_metrics,
+)
 from trl_sandbox.training.environment import JUDGE_HEADROOM, EpisodeTally, SandboxEnvironment
 from trl_sandbox.training.environment_factory import EnvironmentFactory
 from trl_sandbox.training.rank_metrics import RankMetrics
@@ -91,6 +96,7 @@ class SandboxLifecycleCallback(TrainerCallback):
         if step_s > 0:
             metrics.slowest("sandbox/reward_time_share", min(1.0, reward_s / step_s))
         self._log_usage(metrics, step_s)
+        record_environment_metrics(metrics, self.trainer.sandbox_pool)  # env/builds, env/hit_rate, ...
         # Episodes of SandboxEnvironment are scored through TRL's get_reward, which passes no log_metric.
         episodes = self.trainer.sandbox_episodes.drain()
         if episodes:
@@ -168,6 +174,10 @@ class SandboxGRPOTrainer(GRPOTrainer):
                 warning = io_memory_warning(dataset, args.sandbox_memory_mb)
                 if warning:
                     log.warning(warning)
+        specs = None  # every row's prepared environment, parsed now: a malformed one fails here
+        if not isinstance(kwargs.get("environment_factory"), dict):  # a dict's rows name TRL's factories there
+            specs = check_environments(train_dataset, provider, "train_dataset")
+            check_environments(eval_dataset, provider, "eval_dataset")
         self.sandbox_pool = SandboxPool(
             provider,
             spec=args.sandbox_spec(),
@@ -177,6 +187,8 @@ class SandboxGRPOTrainer(GRPOTrainer):
                                   host_create_concurrency=args.sandbox_host_create_concurrency),
             made_by="trainer",
         )
+        self.sandbox_env_prefetch = (EnvironmentPrefetch(self.sandbox_pool, specs, args.sandbox_env_prefetch)
+                                     if specs and args.sandbox_env_prefetch > 0 else None)
         self.sandbox_episodes = EpisodeTally()  # outcomes of SandboxEnvironment episodes, logged per step
         # Sandbox metrics are recorded here and merged over ranks in log(), not averaged by TRL.
         self.sandbox_metrics = RankMetrics(mode=lambda: "train" if self.model.training else "eval")
@@ -212,6 +224,9 @@ class SandboxGRPOTrainer(GRPOTrainer):
             raise
         self.sandbox_run.rank = self.accelerator.process_index
         self.sandbox_run.world_size = self.accelerator.num_processes
+        if self.sandbox_env_prefetch is not None:
+            self.sandbox_env_prefetch.rank = self.accelerator.process_index
+            self.sandbox_env_prefetch.world = self.accelerator.num_processes
         if self.accelerator.num_processes > 1 and not os.environ.get("TRL_SANDBOX_RUN_ID"):
             # One run id for every rank (rank 0's), so that `reap --tag trl-sandbox-run=ID` finds
             # all of a launch's sandboxes; the rank tag tells them apart.
@@ -249,6 +264,20 @@ class SandboxGRPOTrainer(GRPOTrainer):
             cache_size=args.sandbox_cache_size,
             cache_bytes=args.sandbox_cache_bytes,
         )
+
+    # -- prefetching the next batch's environments along TRL's sampler order -----------------
+
+    def _get_train_sampler(self, *args: Any, **kwargs: Any):
+        sampler = super()._get_train_sampler(*args, **kwargs)
+        dataset = args[0] if args else kwargs.get("dataset", kwargs.get("train_dataset"))
+        if self.sandbox_env_prefetch is None or (dataset is not None and dataset is not self.train_dataset):
+            return sampler
+        return self.sandbox_env_prefetch.follow(sampler)
+
+    def _generate_and_score_completions(self, inputs: Any) -> Any:
+        if self.sandbox_env_prefetch is not None and self.model.training:
+            self.sandbox_env_prefetch.advance()  # the next batch's environments build while this one runs
+        return super()._generate_and_score_completions(inputs)
 
     # -- lifecycle ---------------------------------------------------------------------------
 

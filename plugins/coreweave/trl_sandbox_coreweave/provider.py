@@ -685,6 +685,8 @@ class CoreWeaveProvider:
 
     async def aclose(self) -> None:
         """Wait for background deletions and close the channels of sandboxes still owned (they keep running)."""
+        if self._environments is not None:
+            self._environments.close()
         if self._cleanups:
             await asyncio.gather(*list(self._cleanups), return_exceptions=True)
         owned, self._owned = list(self._owned.values()), {}

@@ -701,6 +701,8 @@ class DaytonaProvider:
             raise translate(exc, f"deleting sandbox {sandbox_id}") from exc
 
     async def aclose(self) -> None:
+        if self._environments is not None:
+            self._environments.close()
         loop = asyncio.get_running_loop()
         mine = [task for task in self._cleanups if task.get_loop() is loop]
         if mine:

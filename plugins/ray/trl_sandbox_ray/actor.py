@@ -14,12 +14,15 @@ so nothing a node sends can make the driver build an arbitrary class.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import socket
 import threading
 from collections.abc import Mapping
 from typing import Any
 
+from trl_sandbox.environments.builds import SetupFailed
+from trl_sandbox.environments.spec import EnvironmentSpec
 from trl_sandbox.sandbox import ConfigError, InfraError, SandboxGoneError, SandboxSpec
 
 MAX_INTERNED = 32  # large arguments an actor keeps (the driver sends at most this many whole to keep)
@@ -27,7 +30,8 @@ MAX_INTERNED = 32  # large arguments an actor keeps (the driver sends at most th
 # The errors that cross the wire by name (subclasses before their bases); anything else is
 # reported as an InfraError. The driver raises them again from this same table.
 ERRORS: dict[str, type[BaseException]] = {
-    "ConfigError": ConfigError, "SandboxGoneError": SandboxGoneError, "InfraError": InfraError,
+    "ConfigError": ConfigError, "SandboxGoneError": SandboxGoneError, "SetupFailed": SetupFailed,
+    "InfraError": InfraError,
     "FileNotFoundError": FileNotFoundError, "PermissionError": PermissionError,
     "IsADirectoryError": IsADirectoryError, "ValueError": ValueError, "TypeError": TypeError, "OSError": OSError,
 }
@@ -157,6 +161,42 @@ class SandboxActor:
 
     def reset(self) -> tuple:
         return self._run(self._sandbox.reset())
+
+    # -- prepared environments: the local provider's own, on this node ---------------------------
+
+    def _environment(self, prepared: Any, failed: SetupFailed | None = None) -> dict[str, Any]:
+        """What the driver needs of a prepared environment (or the setup's failure, which the
+        driver raises as ``SetupFailed``), and this actor's build counters since the last answer
+        (its ``Builds.drain()``, the failure's included), for the driver's per-step metrics."""
+        stats = dataclasses.asdict(self._provider.environments.builds.drain())
+        if failed is not None:
+            return {"failed": str(failed), "stats": stats}
+        return {"key": prepared.key, "tree": str(prepared.tree), "stats": stats,
+                "mode": getattr(self._sandbox, "environment_mode", "")}
+
+    def prepare_environment(self, spec: EnvironmentSpec) -> tuple:
+        """Build ``spec`` on this node once (the local provider's single flight: one future per
+        key in this process, the key's file lock across the node's actors), or find it built."""
+        async def prepare() -> dict[str, Any]:
+            try:
+                return self._environment(await self._provider.prepare_environment(spec))
+            except SetupFailed as exc:
+                return self._environment(None, exc)
+
+        return self._run(prepare())
+
+    def use_environment(self, reset: bool, spec: EnvironmentSpec) -> tuple:
+        """This lease's own copy of ``spec``'s prepared tree (built here first if this node has
+        none yet: a node that joined after the driver prepared the key)."""
+        async def use() -> dict[str, Any]:
+            try:
+                prepared = await self._provider.prepare_environment(spec)
+            except SetupFailed as exc:
+                return self._environment(None, exc)
+            await self._sandbox.use_environment(prepared)
+            return self._environment(prepared)
+
+        return self._run(use(), reset)
 
     def alive(self) -> tuple:
         return self._run(self._sandbox.alive())

@@ -25,6 +25,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from trl_sandbox.environments.builds import Prepared
+from trl_sandbox.environments.spec import EnvironmentSpec
 from trl_sandbox.plugins.settings import flag, number
 from trl_sandbox.sandbox import (
     Capabilities,
@@ -39,6 +41,7 @@ from trl_sandbox.sandbox import (
 
 from . import cluster
 from .actor import ERRORS, MAX_INTERNED, SandboxActor
+from .environments import RayEnvironments
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +100,7 @@ class RaySandbox:
         self._busy = 0
         self._reset_due = False
         self._held: set[str] = set()  # digests of the large arguments the actor keeps
+        self.environment_mode = ""  # how the node gave the last prepared environment: overlay or copy
 
     def wall_bound(self, timeout: float) -> float:
         """The node's own bound (its CPU-time backstop), plus the round trip through Ray."""
@@ -107,7 +111,7 @@ class RaySandbox:
     async def _ask(self, method: str, *args: Any, **kwargs: Any) -> Any:
 
         reset = False
-        if method in ("exec", "write_file", "read_file"):
+        if method in ("exec", "write_file", "read_file", "use_environment"):
             reset, self._reset_due = self._reset_due, False
             args = (reset, *args)
         self._busy += 1
@@ -166,6 +170,11 @@ class RaySandbox:
         if not interned:
             return argv, interned, keep
         return ["" if i in interned else a for i, a in enumerate(argv)], interned, keep
+
+    async def use_environment(self, prepared: Prepared) -> None:
+        """This lease's private copy of a prepared environment, mounted by the node's local sandbox
+        (``environments.RayEnvironments.lease``); dropped by the next reset."""
+        await self._provider.environments.lease(self, prepared)
 
     async def write_file(self, path: str, data: bytes) -> None:
         await self._ask("write_file", path, bytes(data))
@@ -237,6 +246,7 @@ class RayProvider:
         self.start_timeout_s = number("ray", "start_timeout_s", start_timeout_s, required=True, positive=True)
         self.call_margin_s = number("ray", "call_margin_s", call_margin_s, required=True, minimum=0)
         self._local = _local_settings(local_settings)
+        self.environments = RayEnvironments(self, self._local)
         self._digests: dict[str, list] = {}  # large argument -> [digest, times seen]
         self._sandboxes: dict[str, RaySandbox] = {}
         self._pending: dict[str, Any] = {}
@@ -342,6 +352,11 @@ class RayProvider:
         return {"sandbox/isolation_mode": "none" if "none" in modes else sorted(modes)[0]}
 
     # -- Provider API ----------------------------------------------------------------------------
+
+    async def prepare_environment(self, spec: EnvironmentSpec) -> Prepared:
+        """Build ``spec`` once on every node that holds a sandbox of this provider (the local
+        provider's builds there); leases then ``use_environment``. ``SetupFailed`` when it fails."""
+        return await self.environments.prepare(spec)
 
     async def create(self, spec: SandboxSpec) -> RaySandbox:
         if spec.network:

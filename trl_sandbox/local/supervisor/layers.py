@@ -13,6 +13,7 @@ copied into a fresh tmpfs instead (slower; the same isolation).
 
 import os
 import shutil
+import stat
 
 from . import kernel, resident
 from . import state as S
@@ -26,6 +27,7 @@ HEX = frozenset("0123456789abcdef")
 MOUNTS = []
 IDLE_COVER = [False]  # ENV_ROOT is covered between leases too: no lease reads another's tree
 BASE_WORK = [None]  # the configured work directory, while a lease works elsewhere
+UPPER = [None]  # an fd of the overlay's writable layer, read by changes.do_changes (agent grading)
 MODE = ["none"]  # "overlay" or "copy": how the last lease got its copy (the host reads it)
 
 
@@ -34,6 +36,19 @@ def _mount(source, target, fstype, flags, options):
     kernel.check(lib.mount(source.encode(), target.encode(), fstype.encode(), flags,
                            options.encode() if options else None), f"mount {fstype} on {target}")
     MOUNTS.append(target)
+
+
+def _special(directory, names):
+    """What a copy leaves out: FIFOs, sockets and devices (``copytree`` cannot copy them)."""
+    skip = []
+    for name in names:
+        try:
+            mode = os.lstat(os.path.join(directory, name)).st_mode
+        except OSError:
+            continue
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
+            skip.append(name)
+    return skip
 
 
 def _cover(path):
@@ -70,10 +85,11 @@ def do_environment(request):
         _mount("overlay", target, "overlay", MS_NOSUID | MS_NODEV,
                f"lowerdir={lower},upperdir={LAYER}/upper,workdir={LAYER}/work,userxattr")
         MODE[0] = "overlay"
+        UPPER[0] = os.open(LAYER + "/upper", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
         _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV,
                f"size={int(size_mb)}m,nr_inodes={inodes},mode=755,uid={os.getuid()},gid={os.getgid()}")
-        shutil.copytree(lower, target, symlinks=True, dirs_exist_ok=True)
+        shutil.copytree(lower, target, symlinks=True, dirs_exist_ok=True, ignore=_special)
         MODE[0] = f"copy (the kernel refused an overlay: {exc})"
     _cover(LAYER)
     _cover(ENV_ROOT)
@@ -85,6 +101,9 @@ def do_environment(request):
 def drop():
     """Unmount the lease's copy (every process of the lease is gone by now) and give the
     configured work directory back. ``files.fresh_scratch`` then mounts a fresh tmpfs there."""
+    if UPPER[0] is not None:
+        os.close(UPPER[0])
+        UPPER[0] = None
     if MOUNTS:
         os.chdir("/")
         lib = kernel.libc()

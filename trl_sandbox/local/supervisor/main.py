@@ -19,11 +19,26 @@ import resource
 import signal
 import sys
 
-from . import files, forker, kernel, layers, protocol, resident
+from . import changes, files, forker, kernel, layers, protocol, resident
 from . import state as S
 from .child import EXIT_CANNOT_RUN, child_fail, run_exec_child, run_python_child
 from .forkserver import do_exec
-from .protocol import K_ERROR, K_OK, OP_CONFIG, OP_ENV, OP_EXEC, OP_PING, OP_READ, OP_RESET, OP_WRITE, reply
+from .protocol import (
+    K_ERROR,
+    K_OK,
+    OP_APPLY,
+    OP_CHANGES,
+    OP_CONFIG,
+    OP_ENV,
+    OP_EXEC,
+    OP_PING,
+    OP_READ,
+    OP_RESET,
+    OP_TESTS,
+    OP_VERDICT,
+    OP_WRITE,
+    reply,
+)
 
 ENTRY_DIR = "/.trl-sandbox"  # where the host ships these files in; never on a program's sys.path
 
@@ -276,7 +291,8 @@ def make_streams(stdio, unbuffered):
 def serve():
     """Answer requests until the host goes away. Returns a job only in a forked child."""
     handlers = {OP_WRITE: files.do_write, OP_READ: files.do_read, OP_RESET: files.do_reset,
-                OP_ENV: layers.do_environment}
+                OP_ENV: layers.do_environment, OP_CHANGES: changes.do_changes, OP_APPLY: changes.do_apply,
+                OP_TESTS: changes.do_tests, OP_VERDICT: changes.do_verdict}
     reply(K_OK, part1="python {}.{}.{}".format(*sys.version_info[:3]).encode())
     while True:
         request = protocol.read_request()

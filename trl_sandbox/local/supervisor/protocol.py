@@ -24,6 +24,8 @@ import os
 import struct
 
 OP_CONFIG, OP_EXEC, OP_WRITE, OP_READ, OP_RESET, OP_PING, OP_ENV = 1, 2, 3, 4, 5, 6, 7
+# Agent grading (``changes.py``): read an episode's changes, apply them, bring the tests, read the verdict.
+OP_CHANGES, OP_APPLY, OP_TESTS, OP_VERDICT = 8, 9, 10, 11
 K_OK, K_RESULT, K_DATA, K_ERROR = b"K"[0], b"R"[0], b"D"[0], b"E"[0]
 F_TIMED_OUT, F_OOM, F_TRUNCATED = 1, 2, 4
 F_WALL = 8  # with F_TIMED_OUT: the wall-clock backstop ended it, not its CPU budget

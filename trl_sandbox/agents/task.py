@@ -1,0 +1,139 @@
+"""The ``agent`` task: a row's instruction carried out in its prepared environment, graded out of
+the agent's reach (``grading.py``).
+
+Single-turn (training rewards, ``trl-sandbox evaluate``): the completion is a shell script (a
+fenced ``bash``/``sh`` block, or the bare text), run as the agent's actions in a copy of the row's
+environment with the row's ``agent_timeout``. Episodes (``SandboxEnvironment``): the agent's tools
+act in its copy; ``grade_episode`` takes the episode's sandbox when it ends. Both then grade the
+same way: the changes carried into a fresh copy, the row's hidden ``tests`` at ``/tests``, the
+row's ``verify`` command (default ``bash /tests/test.sh``) with ``verify_timeout``.
+
+Row columns: ``trl_sandbox.agents.columns``.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from trl_sandbox.agents.columns import TESTS_DIR, row_of
+from trl_sandbox.agents.grading import JUNIT, VERIFY_ENV, carried, verdict
+from trl_sandbox.environments.spec import parse
+from trl_sandbox.local.agent_ops import ChangesTooLarge
+from trl_sandbox.plugins.hookspecs import hookimpl
+from trl_sandbox.sandbox import ConfigError, ExecResult, InfraError, Outcome, Program
+
+FENCE = re.compile(r"```(?:bash|sh|shell)?[ \t]*\n(.*?)```", re.S)
+
+
+def actions(completion: str) -> str:
+    """The shell script in a completion: its fenced blocks, in order, or the bare text."""
+    blocks = FENCE.findall(completion)
+    return "\n".join(blocks) if blocks else completion
+
+
+class AgentTask:
+    """Scores rows whose ``sandbox_task`` is ``agent`` (see the module docstring)."""
+
+    name = "agent"
+    description = "agent tasks in a prepared environment, graded out of the agent's reach (built-in set)"
+
+    def rows(self, **options: Any) -> list[dict[str, Any]]:
+        """The built-in set (``agents.builtin_tasks``); any Harbor, terminal-bench or SWE-style
+        set loads with ``trl_sandbox.agents.load_agent_tasks(SOURCE, image_map=...)``."""
+        from trl_sandbox.agents.load import agent_rows
+
+        return agent_rows("builtin", **options)
+
+    def validate(self) -> list[str]:
+        """Every built-in task's oracle passes and an empty script fails, graded as training grades."""
+        from trl_sandbox.pool.sandbox_pool import SandboxPool
+        from trl_sandbox.scoring.scorer import Scorer
+
+        problems = []
+        rows = self.rows()
+        with SandboxPool.open("local", size=2) as pool:
+            scorer = Scorer(pool, cache_size=0)
+            outcomes = scorer.score([s for r in rows for s in (r["solution"], "true")], [r for r in rows for _ in "ab"])
+        for i, row in enumerate(rows):
+            oracle, nothing = outcomes[2 * i], outcomes[2 * i + 1]
+            if oracle.status != "passed":
+                problems.append(f"{row['task_id']}: the oracle scored {oracle.status} ({oracle.detail})")
+            if nothing.status != "failed":
+                problems.append(f"{row['task_id']}: an empty script scored {nothing.status} ({nothing.detail})")
+        return problems
+
+    def build(self, completion: str, row: Mapping[str, Any]) -> Program | Outcome:
+        raise ConfigError("agent rows are run with AgentTask.arun (the scorer does so)")
+
+    def score(self, result: ExecResult, row: Mapping[str, Any], *, nonce: bytes | None) -> Outcome:
+        raise ConfigError("agent rows are graded with AgentTask.arun (the scorer does so)")
+
+    async def arun(self, pool: Any, completion: str, row: Mapping[str, Any]) -> Outcome:
+        """A single-turn sample: ``completion``'s script as the agent's actions, then the grade."""
+        r = row_of(row)
+        prepared = await pool.prepare_environment(parse(r["environment"]))
+        sandbox = await pool.checkout(prepared)
+        broken = True
+        try:
+            await sandbox.use_environment(prepared)
+            await sandbox.exec(["/bin/bash", "-c", actions(completion)], timeout=r["agent_timeout"],
+                               env=r["env"] or None)
+            changes = await sandbox.environment_changes()
+            broken = False
+        except ChangesTooLarge as exc:
+            broken = False
+            return Outcome("failed", 0, 1, detail=f"the agent's changes are too large: {exc}")
+        finally:
+            pool.checkin(sandbox, broken=broken)
+        return await self.grade(pool, prepared, changes, r)
+
+    async def grade_episode(self, pool: Any, sandbox: Any, row: Mapping[str, Any]) -> Outcome:
+        """An episode's end: its changes (its sandbox still leased), then the grade."""
+        r = row_of(row)
+        prepared = await pool.prepare_environment(parse(r["environment"]))
+        try:
+            changes = await sandbox.environment_changes()
+        except ChangesTooLarge as exc:
+            return Outcome("failed", 0, 1, detail=f"the agent's changes are too large: {exc}")
+        return await self.grade(pool, prepared, changes, r)
+
+    async def grade(self, pool: Any, prepared: Any, changes: list, r: Mapping[str, Any]) -> Outcome:
+        """``changes`` carried into a fresh copy, the tests brought in, the verifier run."""
+        kept, refused = carried(changes, r["protected"], getattr(prepared, "tree", None))
+        tests = {p: t.encode() for p, t in r["tests"].items()}
+        workdir = prepared.workdir or getattr(pool.provider, "work_dir", "/work")
+        in_tree: list = []
+        if r["tests_dir"] != TESTS_DIR:  # SWE: the test files overwrite the repository's own
+            base = posixpath.relpath(r["tests_dir"], workdir)
+            if base.startswith(".."):
+                raise ConfigError(f"task {r['task_id']}: tests_dir {r['tests_dir']} is outside the working "
+                                  f"directory {workdir}")
+            in_tree = [(posixpath.normpath(posixpath.join(base, p)), "f", 0o644, t) for p, t in tests.items()]
+            tests = {}
+        env = {**r["env"], **VERIFY_ENV, **r["verify_env"]}
+        if r["parser"] == "pytest":
+            env["PYTEST_ADDOPTS"] = f"{env.get('PYTEST_ADDOPTS', '')} --junitxml={JUNIT}".strip()
+        sandbox = await pool.checkout(prepared)
+        broken = True
+        try:
+            await sandbox.use_environment(prepared)
+            await sandbox.apply_changes(kept + in_tree)
+            await sandbox.bring_tests(tests)
+            result = await sandbox.exec(["/bin/sh", "-c", r["verify"]], timeout=r["verify_timeout"], env=env)
+            reports = await sandbox.verifier_reports()
+            broken = False
+        except InfraError:
+            raise
+        except OSError as exc:  # the supervisor refused what the host sent: the sandbox is suspect
+            raise InfraError(f"grading failed in sandbox {getattr(sandbox, 'id', '?')}: {exc}") from exc
+        finally:
+            pool.checkin(sandbox, broken=broken)
+        return verdict(reports, result.exit_code, result.timed_out, r, refused)
+
+
+@hookimpl
+def trl_sandbox_register_tasks(register):
+    register("agent", AgentTask())
