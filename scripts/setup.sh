@@ -72,12 +72,18 @@ if [ -n "$DEBIAN_MISSING" ]; then
 fi
 
 # 1c. With the test extras: umoci, which the environment-base tests use to cross-check the
-#     project's own OCI unpacker (the library never needs it; without it that test is skipped).
+#     project's own OCI unpacker (the library never needs it; without it that test is skipped),
+#     and busybox, for the image the root filesystem tests build.
 case ",$EXTRAS," in
   *,test,*)
     if ! command -v umoci >/dev/null 2>&1; then
       echo "setup: installing umoci (a cross-check for the OCI base tests)" >&2
       (system_install umoci umoci) || echo "setup: umoci not installed; its cross-check test will be skipped" >&2
+    fi
+    # busybox: the shell and tools of the small image the root filesystem tests build offline.
+    if ! command -v busybox >/dev/null 2>&1; then
+      echo "setup: installing busybox (the root filesystem tests' image)" >&2
+      system_install busybox-static busybox
     fi ;;
 esac
 

@@ -49,14 +49,17 @@ class AgentTask:
 
     def validate(self) -> list[str]:
         """Every built-in task's oracle passes and an empty script fails, graded as training grades."""
+        import asyncio
+
         from trl_sandbox.pool.sandbox_pool import SandboxPool
-        from trl_sandbox.scoring.scorer import Scorer
 
         problems = []
         rows = self.rows()
         with SandboxPool.open("local", size=2) as pool:
-            scorer = Scorer(pool, cache_size=0)
-            outcomes = scorer.score([s for r in rows for s in (r["solution"], "true")], [r for r in rows for _ in "ab"])
+            async def both(row):
+                return await asyncio.gather(self.arun(pool, row["solution"], row), self.arun(pool, "true", row))
+
+            outcomes = [o for row in rows for o in pool.loop.run(both(row))]
         for i, row in enumerate(rows):
             oracle, nothing = outcomes[2 * i], outcomes[2 * i + 1]
             if oracle.status != "passed":

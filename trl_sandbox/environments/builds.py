@@ -22,7 +22,7 @@ from pathlib import Path
 
 from trl_sandbox.environments.cache import EnvironmentCache, remove_tree
 from trl_sandbox.environments.spec import EnvironmentSpec
-from trl_sandbox.sandbox import InfraError
+from trl_sandbox.sandbox import ConfigError, InfraError
 
 log = logging.getLogger("trl_sandbox.environments")
 
@@ -92,7 +92,7 @@ class Builds:
         self._attempts = attempts
         self._lock = threading.Lock()
         self._flights: dict[str, concurrent.futures.Future] = {}
-        self._failed: dict[str, SetupFailed] = {}
+        self._failed: dict[str, SetupFailed | ConfigError] = {}
         self._used: dict[str, float] = {}  # key -> when a lease of this process last prepared it
         self._active = active
         self.stats = BuildStats()
@@ -137,7 +137,7 @@ class Builds:
         try:
             flight.set_result(self._get(spec, key))
         except BaseException as exc:  # noqa: BLE001 - handed to every waiter
-            if isinstance(exc, SetupFailed):
+            if isinstance(exc, (SetupFailed, ConfigError)):  # a base that cannot run: the same next time
                 with self._lock:
                     self._failed[key] = exc
             flight.set_exception(exc)
@@ -174,6 +174,9 @@ class Builds:
                 meta = self._build(spec, key, staging)
                 seconds = time.perf_counter() - t0
                 self.cache.commit(staging, key, {**meta, "build_s": round(seconds, 3), "kind": self.kind})
+            except ConfigError:  # a base that cannot run (an image without python3): no retry helps
+                remove_tree(staging)
+                raise
             except Exception as exc:  # a failed setup, or a tree the host cannot take in
                 remove_tree(staging)
                 if isinstance(exc, InfraError) and not isinstance(exc, SetupFailed):

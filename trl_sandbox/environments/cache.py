@@ -3,6 +3,8 @@
 Layout under the cache root::
 
     <key>/tree/        the prepared working directory (read-only to every lease)
+    <key>/root/        with a root filesystem base: the build's root (``local/rootfs.py``)
+    bases/             root filesystem bases, unpacked once per digest (kept; not in the budget)
     <key>/meta.json    what built it, how long it took, its size; its mtime is the last use
     <key>.lock         taken (``flock``) while the key is built, so that the processes of one
                        machine (``accelerate launch`` ranks) build each key once
@@ -162,7 +164,7 @@ class EnvironmentCache:
         return path
 
     def commit(self, staging: Path, key: str, meta: dict) -> None:
-        size, files = tree_size(staging / TREE)
+        size, files = tree_size(staging)  # the tree, and a root filesystem beside it if the build has one
         meta = {**meta, "bytes": size, "files": files, "built_at": time.time()}
         (staging / META).write_text(json.dumps(meta, indent=1))
         target = self.root / key

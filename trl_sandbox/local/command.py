@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trl_sandbox.judge.meter import METER_DIR
-from trl_sandbox.local import mounts
+from trl_sandbox.local import mounts, rootfs
 from trl_sandbox.local.supervisor.protocol import ENV_LAYER, ENV_ROOT
 from trl_sandbox.sandbox import ConfigError
 
@@ -125,10 +125,27 @@ class Command:
         return [[self.work_dir, self.sizes["work"], 0o755], ["/tmp", self.sizes["tmp"], 0o1777],
                 ["/dev/shm", self.sizes["shm"], 0o1777]]
 
-    def args(self, env: Mapping[str, str], command: Sequence[str],
-             meter: Sequence[str] = ()) -> tuple[list[str], list[int]]:
+    def _host_system(self) -> list[str]:
+        """The host's system, read-only: ``/usr`` and its links, what programs need of ``/etc``,
+        the provider's ``extra_ro_binds``."""
+        args = ["--ro-bind", "/usr", "/usr"]
+        for d in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+            if os.path.islink(d):
+                args += ["--symlink", os.readlink(d), d]
+            elif os.path.isdir(d):
+                args += ["--ro-bind", d, d]
+        for path in (*ETC_FILES, *sorted(p for g in ETC_TOOLCHAIN_GLOBS for p in glob.glob(g))):
+            if os.path.exists(path):
+                args += ["--ro-bind", path, path]
+        for src, dest in self.binds:
+            args += ["--ro-bind", src, dest]
+        return args
+
+    def args(self, env: Mapping[str, str], command: Sequence[str], meter: Sequence[str] = (),
+             root: str | None = None) -> tuple[list[str], list[int]]:
         """The bwrap command line, and the memfds it reads (to pass, then close). ``meter``: the
-        sandbox's cgroup counters, bound read-only at ``judge.meter.METER_DIR``."""
+        sandbox's cgroup counters, bound read-only at ``judge.meter.METER_DIR``. ``root``: a
+        prepared root filesystem whose system replaces the host's (``local/rootfs.py``)."""
         uid = self.uid
         data = {
             **self.supervisor,
@@ -145,18 +162,11 @@ class Command:
         args += ["--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETPCAP", "--cap-add", "CAP_DAC_OVERRIDE", "--clearenv"]
         for key, value in env.items():
             args += ["--setenv", key, value]
-        args += ["--ro-bind", "/usr", "/usr"]
-        for d in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
-            if os.path.islink(d):
-                args += ["--symlink", os.readlink(d), d]
-            elif os.path.isdir(d):
-                args += ["--ro-bind", d, d]
-        for path in (*ETC_FILES, *sorted(p for g in ETC_TOOLCHAIN_GLOBS for p in glob.glob(g))):
-            if os.path.exists(path):
-                args += ["--ro-bind", path, path]
-        for src, dest in self.binds:
-            args += ["--ro-bind", src, dest]
-        args += mounts.mask_args(self.sites, self.packages, sized=self.version >= (0, 7), perms=self.tmpfs_perms)
+        if root is None:
+            args += self._host_system()
+            args += mounts.mask_args(self.sites, self.packages, sized=self.version >= (0, 7), perms=self.tmpfs_perms)
+        else:  # a prepared environment's root filesystem (local/rootfs.py): its own system, read-only
+            args += rootfs.system_args(root, (self.work_dir, ENV_ROOT, ENV_LAYER))
         args += ["--proc", "/proc", *mounts.proc_args(), "--dev", "/dev"]
         for path in meter:
             args += ["--ro-bind", path, f"{METER_DIR}/{os.path.basename(path)}"]
@@ -186,34 +196,31 @@ class Command:
         ]
         return args, fds
 
-    def build_args(self, workdir: str, tree: str, network: bool, argv: Sequence[str]) -> list[str]:
+    def build_args(self, workdir: str, tree: str, network: bool, argv: Sequence[str],
+                   root: str | None = None) -> list[str]:
         """A one-off container that runs an environment's setup (``argv``) with ``tree`` bound
         writable at ``workdir``: the same read-only system as a sandbox, a fresh /tmp, the
-        sandbox's uid; the host's network only when the environment asks for it."""
+        sandbox's uid; the host's network only when the environment asks for it. With ``root``
+        (a copy of a base's root filesystem), that copy is the container's root, writable."""
         uid = str(self.uid)
         args = [self.bwrap, "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session"]
+        if root is not None:
+            args += ["--bind", root, "/"]
         if network:
-            args += ["--share-net", "--ro-bind-try", "/etc/resolv.conf", "/etc/resolv.conf",
-                     "--ro-bind-try", "/etc/ssl", "/etc/ssl", "--ro-bind-try", "/etc/ca-certificates",
-                     "/etc/ca-certificates"]
-        args += ["--clearenv", "--setenv", "PATH", LOCAL_PATH, "--setenv", "HOME", workdir,
-                 "--setenv", "LANG", "C.UTF-8", "--ro-bind", "/usr", "/usr"]
-        for d in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
-            if os.path.islink(d):
-                args += ["--symlink", os.readlink(d), d]
-            elif os.path.isdir(d):
-                args += ["--ro-bind", d, d]
-        for path in (*ETC_FILES, *sorted(p for g in ETC_TOOLCHAIN_GLOBS for p in glob.glob(g))):
-            if os.path.exists(path):
-                args += ["--ro-bind", path, path]
-        for src, dest in self.binds:
-            args += ["--ro-bind", src, dest]
+            args += ["--share-net", "--ro-bind-try", "/etc/resolv.conf", "/etc/resolv.conf"]
+            if root is None:
+                args += ["--ro-bind-try", "/etc/ssl", "/etc/ssl", "--ro-bind-try", "/etc/ca-certificates",
+                         "/etc/ca-certificates"]
+        args += ["--clearenv", "--setenv", "PATH", LOCAL_PATH if root is None else rootfs.IMAGE_PATH,
+                 "--setenv", "HOME", workdir, "--setenv", "LANG", "C.UTF-8"]
+        if root is None:
+            args += self._host_system()
         args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", tree, workdir,
                  "--uid", uid, "--gid", uid, "--hostname", "sandbox", "--chdir", workdir, "--", *argv]
         return args
 
-    def env(self, spec_env: Mapping[str, str]) -> dict[str, str]:
-        env = {"PATH": LOCAL_PATH, "HOME": self.work_dir, "LANG": "C.UTF-8"}
+    def env(self, spec_env: Mapping[str, str], root: str | None = None) -> dict[str, str]:
+        env = {"PATH": LOCAL_PATH if root is None else rootfs.IMAGE_PATH, "HOME": self.work_dir, "LANG": "C.UTF-8"}
         for key, value in spec_env.items():
             if not isinstance(key, str) or not key or "=" in key or "\0" in key or "\0" in str(value):
                 raise ConfigError(f"SandboxSpec.env: invalid variable {key!r}")
@@ -225,16 +232,17 @@ class Command:
         extra = {"preexec_fn": group.preexec()} if group is not None else {}
         return {"cwd": "/", "env": {}, "start_new_session": True, **self.drop, **extra}
 
-    def probe(self, python: str) -> str:
+    def probe(self, python: str, root: str | None = None) -> str:
         """Start one container now and try every kernel feature a sandbox needs (``--probe`` of
         the supervisor: a mount namespace, tmpfs mounts, a child with its own IPC namespace, no
-        capabilities and the seccomp filter). Returns the interpreter's version."""
+        capabilities and the seccomp filter). Returns the interpreter's version. ``root``: in a
+        prepared root filesystem, with its interpreter ``python``."""
         command = [python, "-s", SUPERVISOR_PATH, "--probe"]
         attempts = [True, False] if self.disable_userns else [False]
         result = None
         for disable in attempts:
             self.disable_userns = disable
-            args, fds = self.args(self.env({}), command)
+            args, fds = self.args(self.env({}, root), command, root=root)
             try:
                 result = subprocess.run(args, pass_fds=fds, capture_output=True, text=True, timeout=60,
                                         **self.spawn_kwargs())

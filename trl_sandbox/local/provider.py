@@ -85,7 +85,6 @@ import os
 import shutil
 import subprocess
 import uuid
-import warnings
 from collections.abc import Iterable, Mapping, Sequence
 
 from trl_sandbox.environments.builds import Prepared
@@ -296,17 +295,13 @@ class LocalProvider:
             )
         if self._closed:
             raise InfraError("the local provider is closed")
-        if spec.image:
-            warnings.warn(
-                f"the local provider runs the host's {self._python}; SandboxSpec.image={spec.image!r} is ignored",
-                stacklevel=2,
-            )
+        root, python = self.environments.sandbox_root(spec.image, self._python)  # rootfs: a prepared image
         sandbox_id = "local-" + uuid.uuid4().hex[:12]
         command = self._command
         group = self._group(sandbox_id, spec)
         try:
-            args, fds = command.args(command.env(spec.env), [self._python, "-s", SUPERVISOR_PATH],
-                                     meter=group.meter_files() if group is not None else ())
+            args, fds = command.args(command.env(spec.env, root), [python, "-s", SUPERVISOR_PATH],
+                                     meter=group.meter_files() if group is not None else (), root=root)
         except BaseException:
             if group is not None:
                 await asyncio.shield(group.remove())
@@ -356,7 +351,7 @@ class LocalProvider:
                 "open_files": limits.open_files,
             },
             "output_bytes": limits.output_bytes,
-            "python_names": [self._python],
+            "python_names": [python],
             "preload": list(self._preload),
             "warm": [[token, source] for source, token in self.warm_tokens.items()],
             "cache_bytes": self._cache_bytes,

@@ -70,6 +70,8 @@ class PoolClosing:
         self._dropping.clear()
         await asyncio.gather(*(self._destroy(s) for s in doomed.values()), return_exceptions=True)
         await self._sweep()
+        if getattr(self, "shares_provider", False):  # an image pool (environment_pools.py)
+            return
         try:
             await asyncio.wait_for(self.provider.aclose(), self.settings.destroy_timeout_s)
         except BaseException as exc:

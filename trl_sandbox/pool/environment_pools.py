@@ -56,7 +56,7 @@ class EnvironmentPools:
     def image_pool(self, prepared: Prepared | None) -> Any:
         """The pool whose sandboxes are made from ``prepared.image`` (``None``: this pool serves it)."""
         image = getattr(prepared, "image", None)
-        if not image or self.spec.image == image:  # none, or this is that image's pool
+        if not image or getattr(self.spec, "image", None) == image:  # none, or this pool is that image's
             return None
         pools = self._by_image
         with self._by_image_lock:
@@ -64,6 +64,7 @@ class EnvironmentPools:
             if child is None:
                 child = type(self)(self.provider, spec=replace(self.spec, image=image), size=self.size,
                                     settings=self.settings, made_by=self.made_by)
+                child.shares_provider = True  # closing it deletes its sandboxes, not the parent's provider
                 pools[image] = child
                 idle = [k for k, p in pools.items() if k != image and p.leased == 0]
                 while len(pools) > MAX_IMAGE_POOLS and idle:
