@@ -179,6 +179,8 @@ class Builds:
                 raise
             except Exception as exc:  # a failed setup, or a tree the host cannot take in
                 remove_tree(staging)
+                if isinstance(exc, InfraError) and not isinstance(exc, SetupFailed):
+                    raise  # the service failed a remote build (a create, a snapshot): not remembered
                 error = exc if isinstance(exc, SetupFailed) else SetupFailed(
                     f"the build failed: {type(exc).__name__}: {exc}")
                 log.warning("prepared environment %s (%s): setup failed (attempt %d of %d): %s",

@@ -48,6 +48,8 @@ if "wipe" not in globals():
     # On the host (tests, linters) the cleaning and the resident are modules of their own. Sent to
     # a sandbox, their text runs first (``trl_sandbox.remote.lease``) and has defined these names.
     from trl_sandbox.remote.launcher_cleaning import sweep, wipe, wipe_ipc
+if "apply_environment" not in globals():
+    from trl_sandbox.remote.launcher_environment import apply_environment, drop_environment, freeze
 if "shed_capabilities" not in globals():  # every mode sends it
     from trl_sandbox.remote.launcher_isolation import (
         PR_SET_DUMPABLE,
@@ -56,6 +58,7 @@ if "shed_capabilities" not in globals():  # every mode sends it
         default_signals,
         enter_namespaces,
         fresh_keyrings,
+        hide_dirs,
         listening_sockets,
         own_user,
         private_namespaces,
@@ -95,6 +98,7 @@ def program(spec, argv, stdin_data):
         sweep_mode = spec.get("mode") == "sweep"
         if sweep_mode and spec.get("private"):
             isolate(spec, private_sweep, spec.get("network"))
+            isolate(spec, hide_dirs, spec.get("hide") or ())  # the pristine tree of an environment
         uid = spec.get("uid")
         if sweep_mode and uid is not None and os.geteuid() == 0:
             try:
@@ -313,10 +317,16 @@ def launch(spec, argv):
     try:
         if mode == "sweep":
             sweep(spec.get("spare") or ())
+        if spec.get("drop"):  # the last lease's copy of a prepared environment (launcher_environment)
+            drop_environment(spec)
         if spec.get("reset"):
             wipe(spec)
             if mode == "sweep":
                 wipe_ipc(spec.get("spare_ipc") or {})
+        if spec.get("freeze"):
+            freeze(spec)
+        if spec.get("env"):
+            apply_environment(spec)
         os.makedirs(spec["work"], exist_ok=True)
         if mode == "sweep" and spec.get("uid") is not None and os.geteuid() == 0:
             os.chown(spec["work"], spec["uid"], spec["uid"])

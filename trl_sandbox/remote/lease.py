@@ -45,7 +45,7 @@ _UNUSED = {
     "probe": set(),  # the whole launcher: the resident it leaves running serves every later exec
     "ns": {"probe", "works", "private_sweep", "dumps", "baseline", "sweep", "ancestors", "pids", "start_time", "ipc_baseline", "wipe_ipc",
            *_RESIDENT},
-    "sweep": {"probe", "works", "dumps", "baseline", "enter_namespaces", "seal_filesystem", "hide_dirs", "init",
+    "sweep": {"probe", "works", "dumps", "baseline", "enter_namespaces", "seal_filesystem", "init",
               "own_user", "listening_sockets", "hide_sockets", *_RESIDENT},
 }
 
@@ -54,7 +54,7 @@ _UNUSED = {
 # (and imports them only on the host).
 _TEXT = "\n".join(Path(__file__).with_name(name).read_text(encoding="utf-8")
                   for name in ("launcher_cleaning.py", "launcher_resident.py", "launcher_isolation.py",
-                               "launcher.py", "launcher_main.py"))
+                               "launcher_environment.py", "launcher.py", "launcher_main.py"))
 SOURCES = {mode: bare_source(_TEXT, _UNUSED[mode]) for mode in _UNUSED}
 LAUNCHER_SOURCE = SOURCES["probe"]  # the whole launcher (the probe runs it once per sandbox)
 # -I: no current directory, user site or PYTHON* variables on the launcher's path; -S: no site
@@ -126,6 +126,13 @@ class Lease:
     #: ``sweep``: each program gets its own network, IPC and UTS namespaces (the launcher may make
     #: them without a user namespace: root with CAP_SYS_ADMIN); else it shares the sandbox's.
     private: bool = False
+    #: Prepared environments (``trl_sandbox.remote.environment``): the copy the next exec makes
+    #: (``env``), the build's ``freeze`` due, the directories a reset drops copies from, and
+    #: whether the sandbox holds a pristine tree (kept by every wipe, hidden from programs).
+    env: dict[str, Any] | None = None
+    freeze: dict[str, str] | None = None
+    env_dirs: list[str] = field(default_factory=list)
+    env_root: str | None = None
 
     @classmethod
     def from_probe(cls, stdout: str, sandbox_id: str, provider: str) -> Lease | None:
@@ -180,6 +187,15 @@ class Lease:
             spec["network"] = True
         if cap is not None:
             spec["cap"] = int(cap)
+        if self.env_root:
+            keep = [*keep, self.env_root]
+            spec["hide"] = [self.env_root]
+        if self.reset_due and self.env_dirs:
+            spec["drop"] = list(self.env_dirs)
+        if self.freeze:
+            spec["freeze"], self.freeze = self.freeze, None
+        if self.env:
+            spec["env"], self.env = self.env, None
         if keep:
             spec["keep"] = list(keep)
         if self.isolation == "sweep":
@@ -192,7 +208,7 @@ class Lease:
         elif self.user_ns:
             spec["user"] = PROGRAM_UID
         if self.resident and spec["mode"] == "ns":
-            spec["hide"] = [self.resident]  # out of the program's sight; never wiped by a reset
+            spec["hide"] = [*spec.get("hide", ()), self.resident]  # out of the program's sight; never wiped
             spec["keep"] = [*keep, self.resident]
             client = CLIENT.replace("@DIR@", shlex.quote(self.resident)).replace("@TAG@", tag)
             return ["/bin/sh", "-c", client, MARK.decode(), repr(spec), *argv], tag

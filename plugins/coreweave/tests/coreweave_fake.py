@@ -18,7 +18,8 @@ Faults are injected per RPC (``create``, ``get``, ``list``, ``delete``, ``exec``
 ``read``): ``fail(rpc, code, times, message, retry_delay, reason, match)`` aborts the next calls
 (whose request contains ``match``, if given) with that status, carrying AIP-193 ``RetryInfo`` /
 ``ErrorInfo`` details as the real service does; ``stick_next_creates(n)`` leaves new sandboxes in
-CREATING; ``vanish(id)`` removes a sandbox (NOT_FOUND from then on).
+CREATING; ``vanish(id)`` removes a sandbox (NOT_FOUND from then on). File-system snapshots:
+``coreweave_fake_snapshots`` (``snapshot_store``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import uuid
 from dataclasses import dataclass, field
 
 import grpc
+from coreweave_fake_snapshots import SnapshotRpcs, Snapshots, restore
 from cwsandbox._proto import sandbox_pb2, sandbox_pb2_grpc
 from google.protobuf import any_pb2, duration_pb2, timestamp_pb2
 from google.rpc import error_details_pb2, status_pb2
@@ -114,6 +116,7 @@ class FakeCoreWeave:
         self.exec_commands: dict[str, list[list[str]]] = {}
         self.faults: dict[str, list[Fault]] = {}
         self.stuck_creates = 0
+        self.snapshot_store = Snapshots()
         self.created_tags: list[list[str]] = []
         self._chaos: tuple[random.Random, float, float] | None = None
         self.kill_on_cancel = True  # False: a command outlives its cancelled RPC (tests the in-sandbox kill)
@@ -213,7 +216,7 @@ class FakeCoreWeave:
         return sandbox_pb2.Sandbox(sandbox_id=sandbox.id, spec=sandbox.spec, status=status)
 
 
-class _Servicer(sandbox_pb2_grpc.SandboxServiceServicer):
+class _Servicer(SnapshotRpcs, sandbox_pb2_grpc.SandboxServiceServicer):
     def __init__(self, fake: FakeCoreWeave) -> None:
         self.fake = fake
 
@@ -259,6 +262,7 @@ class _Servicer(sandbox_pb2_grpc.SandboxServiceServicer):
         await self._enter("create", context, request)
         fake = self.fake
         container = await asyncio.get_running_loop().run_in_executor(None, FakeContainer)
+        await restore(fake.snapshot_store, request.sandbox.spec, container, context)
         with fake.lock:
             sandbox = FakeSandbox(f"cw-{next(fake._ids)}-{uuid.uuid4().hex[:6]}", request.sandbox.spec,
                                   box=container)

@@ -59,7 +59,7 @@ from trl_sandbox import (
     SandboxSpec,
 )
 from trl_sandbox.plugins.settings import flag, number
-from trl_sandbox.remote import files
+from trl_sandbox.remote import environment, files
 from trl_sandbox.remote.lease import (
     CLEANING_MARGIN_S,
     FAILED_EXIT,
@@ -70,6 +70,8 @@ from trl_sandbox.remote.lease import (
     timed_out,
 )
 from trl_sandbox.sandbox import exec_arguments
+
+from .snapshots import environments, is_snapshot, options, split
 
 log = logging.getLogger("trl_sandbox_coreweave")
 
@@ -174,6 +176,8 @@ class CoreWeaveSandbox:
         self.limits: ResourceLimits = spec.limits
         self.network = bool(spec.network)  # without it, each program gets a network namespace of its own
         self.tools: set[str] = set()
+        self.from_environment = is_snapshot(spec.image)
+        self.image_base = None if self.from_environment else spec.image  # what a snapshot of it restores on
         # The lease launcher (``trl_sandbox.remote.lease``): a clean lease and an isolated program
         # per exec. None when the image has no python3 (the old behaviour, with a warning).
         self.lease: Lease | None = None
@@ -208,6 +212,8 @@ class CoreWeaveSandbox:
             self.lease = Lease.from_probe(result.stdout, self.id, "coreweave")
             if self.lease is not None and self._provider.isolation == "sweep":
                 self.lease.isolation = "sweep"
+            if self.lease is not None and self.from_environment:  # its pristine tree: kept, hidden
+                self.lease.env_root = environment.ENV_ROOT
 
     def command(self, argv: list[str], timeout: float, env: Mapping[str, str] | None,
                 cwd: str | None = None) -> tuple[list[str], str | None]:
@@ -362,10 +368,17 @@ class CoreWeaveSandbox:
         except Exception as exc:
             raise translate(exc, f"reading {path}", self.id) from exc
 
+    async def use_environment(self, prepared: Any) -> None:
+        """This lease's private copy of a prepared environment, made by the next exec's launcher
+        (``trl_sandbox.remote.environment``); the reset drops it."""
+        self.work_dir = environment.use(self, prepared, self._provider.work_dir_for(self.id),
+                                        self._provider.environment_layer_mb)
+
     async def reset(self) -> None:
         """With the lease launcher, the reset travels with the next exec (no request of its own):
         that exec first kills what earlier programs left (ns mode: nothing can be left) and empties
         /tmp, /var/tmp, /dev/shm and the work directory. Without it, one exec empties the work dir."""
+        self.work_dir = self._provider.work_dir_for(self.id)
         if self.lease is not None:
             self.lease.reset_due = True
             return
@@ -382,6 +395,7 @@ class CoreWeaveSandbox:
         """``reset`` without awaiting, for a pool taking the sandbox back (True: due with the next exec)."""
         if self.lease is None or self._busy:
             return False
+        self.work_dir = self._provider.work_dir_for(self.id)
         self.lease.reset_due = True
         return True
 
@@ -461,6 +475,11 @@ class CoreWeaveProvider:
         max_concurrency: int | None = None,
         sdk_signal_handlers: bool = False,
         max_lifetime_s: float = 1800.0,
+        environment_cache: str | None = None,
+        environment_cache_mb: float = 20_000,
+        environment_layer_mb: int = 1024,
+        snapshot_size: str = "10Gi",
+        snapshot_timeout_s: float = 600.0,
         clean_leases: bool = True,
         isolation: str = "auto",
         resident_launcher: bool = True,
@@ -524,11 +543,31 @@ class CoreWeaveProvider:
                 cwsandbox.disable_signal_handlers()
             except RuntimeError:  # another part of this process already let the SDK install them
                 log.debug("cwsandbox signal handlers were already installed")
+        self.environment_cache = environment_cache or None
+        self.environment_cache_mb = number("coreweave", "environment_cache_mb", environment_cache_mb, float, 1)
+        self.environment_layer_mb = number("coreweave", "environment_layer_mb", environment_layer_mb, int, 1)
+        self.snapshot_size = str(snapshot_size)
+        self.snapshot_timeout_s = number("coreweave", "snapshot_timeout_s", snapshot_timeout_s, float, 0.1)
+        self._environments: Any = None
         self._owned: dict[str, CoreWeaveSandbox] = {}
         self._cleanups: set[asyncio.Task] = set()
 
     def work_dir_for(self, sandbox_id: str) -> str:
         return self.work_dir.replace("{id}", sandbox_id)
+
+    @property
+    def environments(self) -> Any:
+        """Prepared environments (``snapshots.py``), made on first use."""
+        if self._environments is None:
+            self._environments = environments(self, self.environment_cache, self.environment_cache_mb)
+        return self._environments
+
+    async def prepare_environment(self, spec: Any) -> Any:
+        """Build ``spec`` once into a file-system snapshot (or find it built); leases restore it."""
+        return await self.environments.prepare(spec)
+
+    def environment_metrics(self) -> dict[str, float]:
+        return self._environments.builds.drain().metrics() if self._environments is not None else {}
 
     def _common(self) -> dict[str, Any]:
         common: dict[str, Any] = {"auth": self._auth, "base_url": self.base_url}
@@ -542,9 +581,16 @@ class CoreWeaveProvider:
             "cpu": self.cpu or f"{max(1, math.ceil(spec.cpus * 1000))}m",
             "memory": self.memory or f"{max(1, int(spec.memory_mb))}Mi",
         }
+        image = spec.image
+        extra: dict[str, Any] = {}
+        fss = options(spec, self.snapshot_size)
+        if fss is not None:
+            extra["file_system_snapshot"] = fss
+            if is_snapshot(image):
+                image = split(image)[1]
         try:
             return Sandbox(
-                container_image=spec.image or self.image,
+                container_image=image or self.image,
                 tags=encode_tags(spec.tags),
                 max_lifetime_seconds=max(1, math.ceil(min(spec.lifetime_s, self.lifetime_cap_s))),
                 resources=resources,
@@ -553,6 +599,7 @@ class CoreWeaveProvider:
                 runtime_class=self.runtime_class,
                 data_plane_mode=self.data_plane_mode,
                 request_timeout_seconds=self.request_timeout_s,
+                **extra,
                 **self._common(),
             )
         except (TypeError, ValueError) as exc:
@@ -563,6 +610,10 @@ class CoreWeaveProvider:
         try:
             await sdk_sandbox.start()
         except Exception as exc:
+            if is_snapshot(spec.image) and "NOT_FOUND" in str(getattr(_grpc_code(exc), "name", "")) \
+                    and self._environments is not None and self._environments.stale(spec.image):
+                raise InfraError(f"CoreWeave Sandbox: snapshot {spec.image} is missing ({exc}); its "
+                                 "environment is built again at its next use") from exc
             raise translate(exc, "create") from exc
         sandbox = CoreWeaveSandbox(self, sdk_sandbox, spec)
         try:
@@ -634,6 +685,8 @@ class CoreWeaveProvider:
 
     async def aclose(self) -> None:
         """Wait for background deletions and close the channels of sandboxes still owned (they keep running)."""
+        if self._environments is not None:
+            self._environments.close()
         if self._cleanups:
             await asyncio.gather(*list(self._cleanups), return_exceptions=True)
         owned, self._owned = list(self._owned.values()), {}

@@ -14,7 +14,7 @@ command sees only its own sandbox's processes. ``exec_commands`` records the com
 exec, per sandbox. It stands in for the vendor's cloud: only test programs may be sent to it.
 
 Faults are injected per route (``create``, ``get``, ``list``, ``delete``, ``exec``, ``upload``,
-``download``, ``activity``): ``fail(route, status, times, headers, message, match)`` answers the
+``download``, ``activity``, ``snapshot_sandbox``, ``snapshot_get``, ``snapshot_delete``): ``fail(route, status, times, headers, message, match)`` answers the
 next requests (whose body contains ``match``, if given) with an error envelope; ``stick_next_creates(n)`` leaves new sandboxes in ``starting`` forever;
 ``vanish(id)`` makes a sandbox disappear (404 everywhere). ``chaos(seed, transient, vanish)``
 turns on seeded random faults like a busy real service's: each create and exec fails with
@@ -22,6 +22,13 @@ probability ``transient`` (503, 502, 429 or a dropped connection) and each exec 
 reclaimed with probability ``vanish``; ``chaos(None)`` turns them off. ``created_labels`` records
 the labels of every sandbox ever created. ``latency`` (route -> seconds) delays answers, like a
 real service's create (about a second) and exec round trip (tens of milliseconds).
+
+Snapshots (``POST /sandbox/{id}/snapshot``, ``GET``/``DELETE /snapshots/{id or name}``, and a
+create with ``snapshot``): a snapshot of a fake sandbox is a tarball of its ``/var/tmp`` (the
+container's only lasting writable place besides ``/tmp``), unpacked into each sandbox created from
+it. ``snapshot_fault(kind)`` spoils the next snapshot: ``"ghost"`` (the call succeeds but no
+snapshot exists), ``"pending"`` (it stays ``pending`` forever), ``"boot404"`` (it is ``active``
+but a create from it answers 404). ``snapshots`` holds the live ones by name.
 """
 
 from __future__ import annotations
@@ -60,6 +67,17 @@ class FakeSandbox:
 
 
 @dataclass
+class FakeSnapshot:
+    id: str
+    name: str
+    source: str
+    data: bytes
+    state: str = "active"
+    boot404: bool = False
+    created_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
+
+
+@dataclass
 class Fault:
     status: int
     times: int
@@ -88,6 +106,9 @@ class FakeDaytona:
         self.exec_commands: dict[str, list[str]] = {}
         self.faults: dict[str, list[Fault]] = {}
         self.stuck_creates = 0
+        self.snapshots: dict[str, FakeSnapshot] = {}
+        self.snapshot_faults: list[str] = []
+        self.snapshots_made = 0  # every snapshot call that succeeded, ghosts included
         self.created_labels: list[dict] = []
         self.latency: dict[str, float] = {}
         self._chaos: tuple[random.Random, float, float] | None = None
@@ -166,6 +187,26 @@ class FakeDaytona:
     def stick_next_creates(self, n: int = 1) -> None:
         with self.lock:
             self.stuck_creates += n
+
+    def snapshot_fault(self, kind: str, times: int = 1) -> None:
+        assert kind in ("ghost", "pending", "boot404")
+        with self.lock:
+            self.snapshot_faults.extend([kind] * times)
+
+    def drop_snapshot(self, name: str) -> None:
+        """The snapshot vanishes (deleted behind our back)."""
+        with self.lock:
+            self.snapshots.pop(name, None)
+
+    def snapshot_dto(self, snap: FakeSnapshot) -> dict:
+        return {"id": snap.id, "organizationId": "org-test", "general": False, "name": snap.name,
+                "imageName": None, "state": snap.state, "size": len(snap.data) / 1e9, "entrypoint": None,
+                "cpu": 1, "gpu": 0, "mem": 1, "disk": 3, "errorReason": None, "createdAt": snap.created_at,
+                "updatedAt": snap.created_at, "lastUsedAt": None, "sourceSandboxId": snap.source}
+
+    def find_snapshot(self, ref: str) -> FakeSnapshot | None:
+        with self.lock:
+            return self.snapshots.get(ref) or next((s for s in self.snapshots.values() if s.id == ref), None)
 
     def vanish(self, sandbox_id: str) -> None:
         with self.lock:
@@ -290,6 +331,8 @@ class _Handler(BaseHTTPRequestHandler):
         method = self.command
         if parts[:1] == ["api"]:
             rest = parts[1:]
+            if rest[:1] == ["snapshots"] and len(rest) == 2:
+                return ("snapshot_delete" if method == "DELETE" else "snapshot_get"), rest[1], ""
             if rest[:1] == ["sandbox"]:
                 if len(rest) == 1:
                     return ("create" if method == "POST" else "list"), None, ""
@@ -297,6 +340,8 @@ class _Handler(BaseHTTPRequestHandler):
                     return ("delete" if method == "DELETE" else "get"), rest[1], ""
                 if rest[2:] == ["last-activity"]:
                     return "activity", rest[1], ""
+                if rest[2:] == ["snapshot"] and method == "POST":
+                    return "snapshot_sandbox", rest[1], ""
             return "unknown", None, ""
         if parts[:1] == ["toolbox"] and len(parts) >= 3:
             tail = "/".join(parts[2:])
@@ -334,6 +379,13 @@ class _Handler(BaseHTTPRequestHandler):
             return self._create(json.loads(body or b"{}"))
         if route == "list":
             return self._list()
+        if route in ("snapshot_get", "snapshot_delete"):
+            snap = fake.find_snapshot(sandbox_id or "")
+            if snap is None:
+                return self._error(404, f"Snapshot {sandbox_id} not found", "NOT_FOUND")
+            if route == "snapshot_delete":
+                fake.drop_snapshot(snap.name)
+            return self._send(200, fake.snapshot_dto(snap))
         with fake.lock:
             sandbox = fake.sandboxes.get(sandbox_id or "")
         if sandbox is None or sandbox.state == "destroyed" and route != "get":
@@ -352,6 +404,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(201, raw=b"", content_type="text/plain")
         if sandbox.state != "started":
             return self._error(409, f"Sandbox {sandbox.id} is not started", "CONFLICT")
+        if route == "snapshot_sandbox":
+            return self._snapshot(sandbox, json.loads(body or b"{}"))
         if route == "exec":
             return self._exec(sandbox, json.loads(body or b"{}"))
         if route == "upload":
@@ -365,7 +419,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _create(self, request: dict) -> None:
         fake = self.fake
+        name = request.get("snapshot")
+        snap = fake.find_snapshot(name) if name else None
+        if name and (snap is None and name.startswith("trl-sandbox-env-") or snap is not None and snap.boot404):
+            return self._error(404, f"Snapshot {name} not found", "NOT_FOUND")
+        if snap is not None and snap.state != "active":
+            return self._error(400, f"Snapshot {name} is {snap.state}", "BAD_REQUEST")
         container = FakeContainer()
+        if snap is not None:  # the snapshot's file system state
+            subprocess.run(container.argv(["tar", "-C", "/var/tmp", "-xf", "-"]), input=snap.data, check=True,
+                           env=container.env, capture_output=True, timeout=60)
         with fake.lock:
             sandbox_id = f"sbx-{next(fake._ids)}-{uuid.uuid4().hex[:6]}"
             sandbox = FakeSandbox(sandbox_id, request, container=container)
@@ -390,6 +453,21 @@ class _Handler(BaseHTTPRequestHandler):
             page = [fake.dto(s, full=False) for s in matching[cursor:cursor + limit]]
         following = cursor + limit if cursor + limit < len(matching) else None
         self._send(200, {"items": page, "nextCursor": str(following) if following is not None else None})
+
+    def _snapshot(self, sandbox: FakeSandbox, request: dict) -> None:
+        fake = self.fake
+        container = sandbox.container
+        data = subprocess.run(container.argv(["tar", "-C", "/var/tmp", "-cf", "-", "."]), env=container.env,
+                              capture_output=True, check=True, timeout=60).stdout
+        with fake.lock:
+            fault = fake.snapshot_faults.pop(0) if fake.snapshot_faults else None
+            fake.snapshots_made += 1
+            if fault != "ghost":
+                snap = FakeSnapshot(f"snap-{uuid.uuid4().hex[:8]}", request["name"], sandbox.id, data)
+                snap.state = "pending" if fault == "pending" else "active"
+                snap.boot404 = fault == "boot404"
+                fake.snapshots[snap.name] = snap
+        self._send(200, fake.dto(sandbox))
 
     # -- toolbox ---------------------------------------------------------------------------------
 

@@ -61,10 +61,11 @@ from trl_sandbox import (
     SandboxSpec,
 )
 from trl_sandbox.plugins.settings import flag, number
-from trl_sandbox.remote import files
+from trl_sandbox.remote import environment, files
 from trl_sandbox.remote.lease import CLEANING_MARGIN_S, FAILED_EXIT, Lease, failure, probe_argv, timed_out
 from trl_sandbox.sandbox import exec_arguments
 
+from .snapshots import environments, is_snapshot, snapshot_name
 from .streams import split_streams, split_streams_script
 
 log = logging.getLogger("trl_sandbox_daytona")
@@ -215,6 +216,7 @@ class DaytonaSandbox:
         self.limits: ResourceLimits = spec.limits
         self.network = bool(spec.network)  # without it, each program gets a network namespace of its own
         self.prlimit = False
+        self.from_environment = is_snapshot(spec.image)
         # The lease launcher (``trl_sandbox.remote.lease``): a clean lease and an isolated program
         # per exec. None when the image has no python3 (the old behaviour, with a warning).
         self.lease: Lease | None = None
@@ -262,6 +264,8 @@ class DaytonaSandbox:
             self.lease = Lease.from_probe(response.result or "", self.id, "daytona")
             if self.lease is not None and self._provider.isolation == "sweep":
                 self.lease.isolation = "sweep"
+            if self.lease is not None and self.from_environment:  # its pristine tree: kept, hidden
+                self.lease.env_root = environment.ENV_ROOT
 
     async def exec(
         self,
@@ -406,10 +410,17 @@ class DaytonaSandbox:
         data = response.result
         return data.encode() if isinstance(data, str) else bytes(data or b"")
 
+    async def use_environment(self, prepared: Any) -> None:
+        """This lease's private copy of a prepared environment, made by the next exec's launcher
+        (``trl_sandbox.remote.environment``); the reset drops it."""
+        self.work_dir = environment.use(self, prepared, self._provider.work_dir_for(self.id),
+                                        self._provider.environment_layer_mb)
+
     async def reset(self) -> None:
         """With the lease launcher, the reset travels with the next exec (no request of its own):
         that exec first kills what earlier programs left (ns mode: nothing can be left) and empties
         /tmp, /var/tmp, /dev/shm and the work directory. Without it, one exec empties the work dir."""
+        self.work_dir = self._provider.work_dir_for(self.id)
         if self.lease is not None:
             self.lease.reset_due = True
             return
@@ -422,6 +433,7 @@ class DaytonaSandbox:
         """``reset`` without awaiting, for a pool taking the sandbox back (True: due with the next exec)."""
         if self.lease is None or self._busy:
             return False
+        self.work_dir = self._provider.work_dir_for(self.id)
         self.lease.reset_due = True
         return True
 
@@ -497,6 +509,10 @@ class DaytonaProvider:
         create_timeout_s: float = 90.0,
         max_concurrency: int | None = None,
         connection_pool_maxsize: int | None = 250,
+        environment_cache: str | None = None,
+        environment_cache_mb: float = 20_000,
+        environment_layer_mb: int = 1024,
+        snapshot_timeout_s: float = 600.0,
         clean_leases: bool = True,
         isolation: str = "auto",
         resident_launcher: bool = True,
@@ -540,28 +556,49 @@ class DaytonaProvider:
             max_concurrency=number("daytona", "max_concurrency", max_concurrency, int, 1),
             fast_python=False,
         )
-        self._sdk: Any = None
-        self._sdk_loop: asyncio.AbstractEventLoop | None = None
+        self.environment_cache = environment_cache or None
+        self.environment_cache_mb = number("daytona", "environment_cache_mb", environment_cache_mb, float, 1)
+        self.environment_layer_mb = number("daytona", "environment_layer_mb", environment_layer_mb, int, 1)
+        self.snapshot_timeout_s = number("daytona", "snapshot_timeout_s", snapshot_timeout_s, float, 0.1)
+        self._environments: Any = None
+        # One client per event loop: the pools of a prepared environment's snapshot run on loops
+        # of their own (pool/environment_pools.py), and an SDK client belongs to one loop.
+        self._sdks: dict[asyncio.AbstractEventLoop, Any] = {}
         self._owned: dict[str, Any] = {}
         self._cleanups: set[asyncio.Task] = set()
 
     def work_dir_for(self, sandbox_id: str) -> str:
         return self.work_dir.replace("{id}", sandbox_id)
 
+    @property
+    def environments(self) -> Any:
+        """Prepared environments (``snapshots.py``), made on first use."""
+        if self._environments is None:
+            self._environments = environments(self, self.environment_cache, self.environment_cache_mb)
+        return self._environments
+
+    async def prepare_environment(self, spec: Any) -> Any:
+        """Build ``spec`` once into a snapshot (or find it built); leases are made from it."""
+        return await self.environments.prepare(spec)
+
+    def environment_metrics(self) -> dict[str, float]:
+        return self._environments.builds.drain().metrics() if self._environments is not None else {}
+
     async def client(self) -> Any:
         """The ``AsyncDaytona`` client, created on first use on the running (pool) loop."""
         loop = asyncio.get_running_loop()
-        if self._sdk is not None and self._sdk_loop is loop:
-            return self._sdk
+        sdk = self._sdks.get(loop)
+        if sdk is not None:
+            return sdk
         from daytona import AsyncDaytona, DaytonaConfig, DaytonaError
 
         try:
-            self._sdk = AsyncDaytona(DaytonaConfig(**self._config))
+            sdk = self._sdks[loop] = AsyncDaytona(DaytonaConfig(**self._config))
         except DaytonaError as exc:
             raise translate(exc, "connecting") from exc
-        self._sdk_loop = loop
-        self._owned.clear()  # objects of a client bound to an earlier (stopped) loop
-        return self._sdk
+        for stale in [other for other in self._sdks if other.is_closed()]:
+            del self._sdks[stale]
+        return sdk
 
     def params(self, spec: SandboxSpec) -> Any:
         """The SDK's create parameters for ``spec``."""
@@ -580,6 +617,8 @@ class DaytonaProvider:
         if spec.network and self.network_allow_list:
             common["network_allow_list"] = self.network_allow_list
         image = spec.image or self.image
+        if is_snapshot(image):  # a prepared environment's snapshot, or a base naming one
+            return CreateSandboxFromSnapshotParams(snapshot=snapshot_name(image), **common)
         if image:
             resources = Resources(
                 cpu=self.cpu or max(1, math.ceil(spec.cpus)),
@@ -602,8 +641,12 @@ class DaytonaProvider:
                 await self._delete_quietly(late)
             raise InfraError(f"Daytona: creating a sandbox timed out: {exc}") from exc
         except Exception as exc:
+            if is_snapshot(spec.image) and _status(exc) in (400, 404) and self._environments is not None \
+                    and self._environments.stale(spec.image):
+                raise InfraError(f"Daytona: snapshot {spec.image} is missing ({exc}); its environment is "
+                                 "built again at its next use") from exc
             raise translate(exc, "create") from exc
-        self._owned[sdk_sandbox.id] = sdk_sandbox
+        self._owned[sdk_sandbox.id] = (asyncio.get_running_loop(), sdk_sandbox)
         sandbox = DaytonaSandbox(self, sdk_sandbox, spec)
         try:
             await sandbox._prepare()
@@ -645,9 +688,9 @@ class DaytonaProvider:
         from daytona import DaytonaNotFoundError
 
         client = await self.client()
-        sdk_sandbox = self._owned.pop(sandbox_id, None)
+        loop, sdk_sandbox = self._owned.pop(sandbox_id, (None, None))
         try:
-            if sdk_sandbox is None:
+            if sdk_sandbox is None or loop is not asyncio.get_running_loop():  # another loop's object
                 sdk_sandbox = await client.get(sandbox_id)
             await sdk_sandbox.delete()
         except DaytonaNotFoundError:
@@ -658,9 +701,13 @@ class DaytonaProvider:
             raise translate(exc, f"deleting sandbox {sandbox_id}") from exc
 
     async def aclose(self) -> None:
-        if self._cleanups:
-            await asyncio.gather(*list(self._cleanups), return_exceptions=True)
-        sdk, self._sdk, self._sdk_loop = self._sdk, None, None
-        self._owned.clear()
+        if self._environments is not None:
+            self._environments.close()
+        loop = asyncio.get_running_loop()
+        mine = [task for task in self._cleanups if task.get_loop() is loop]
+        if mine:
+            await asyncio.gather(*mine, return_exceptions=True)
+        sdk = self._sdks.pop(loop, None)
+        self._owned = {k: v for k, v in self._owned.items() if v[0] is not loop}
         if sdk is not None:
             await sdk.close()
