@@ -233,3 +233,26 @@ class RemoteEnvironments:
             await self.hooks.delete(ref)
         except Exception as exc:
             log.warning("could not delete snapshot %s: %r", ref, exc)
+
+
+class PreparesEnvironments:
+    """Mixed into a remote provider: its ``RemoteEnvironments``, made on first use by the
+    provider's ``_make_environments``, and the pool's two calls on them."""
+
+    _environments: RemoteEnvironments | None = None
+
+    def _make_environments(self) -> RemoteEnvironments:
+        raise NotImplementedError
+
+    @property
+    def environments(self) -> RemoteEnvironments:
+        if self._environments is None:
+            self._environments = self._make_environments()
+        return self._environments
+
+    async def prepare_environment(self, spec: EnvironmentSpec) -> Prepared:
+        """Build ``spec`` once into a snapshot (or find it built); leases are made from it."""
+        return await self.environments.prepare(spec)
+
+    def environment_metrics(self) -> dict[str, float]:
+        return self._environments.builds.drain().metrics() if self._environments is not None else {}

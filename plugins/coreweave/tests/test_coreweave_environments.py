@@ -25,49 +25,36 @@ def _service(fake: FakeCoreWeave) -> kit.SnapshotService:
 
 
 @pytest.fixture
-def make_pool(fake, tmp_path):
-    def make(size: int = 2, **settings):
-        settings = {"api_key": API_KEY, "base_url": fake.base_url, "environment_cache": str(tmp_path / "envs"),
-                    "snapshot_timeout_s": 1.5, **settings}
-        return SandboxPool.open("coreweave", size=size, settings=settings)
-    return make
+def service(fake):
+    return _service(fake)
 
 
-def test_one_snapshot_for_many_leases_and_one_per_spec(fake, make_pool):
+@pytest.fixture
+def settings(fake, tmp_path):
+    return {"api_key": API_KEY, "base_url": fake.base_url, "environment_cache": str(tmp_path / "envs"),
+            "snapshot_timeout_s": 1.5}
+
+
+@pytest.fixture
+def make_pool(settings):
+    return lambda size=2, **more: SandboxPool.open("coreweave", size=size, settings={**settings, **more})
+
+
+@pytest.fixture
+def make_provider(settings):
+    from trl_sandbox.plugins import make_provider
+
+    return lambda: make_provider("coreweave", settings)
+
+
+def test_one_snapshot_for_many_leases_and_one_per_spec(fake, make_pool, service):
     with make_pool() as pool:
-        kit.check_one_build_for_many_leases(pool, _service(fake))
+        kit.check_one_build_for_many_leases(pool, service)
         metrics = pool.environment_metrics()
     assert metrics["env/builds"] == 2.0
     # Leases came from sandboxes that restored the snapshot (FileSystemSnapshotOptions).
     assert any(v.scratch.restore_from_snapshot_id for s in fake.sandboxes.values() for v in s.spec.volumes)
 
 
-@pytest.mark.parametrize("isolation", ["auto", "sweep"])
-def test_isolation_between_leases_of_one_sandbox(fake, make_pool, isolation):
-    # auto: the launcher mounts an overlay (it holds CAP_SYS_ADMIN in the fake's container);
-    # sweep: it copies the tree.
-    with make_pool(size=1, isolation=isolation) as pool:
-        kit.check_isolation_between_leases(pool, copy="overlay" if isolation == "auto" else "copy")
-
-
-def test_a_failed_setup_is_infra_for_its_rows_only(fake, make_pool):
-    with make_pool() as pool:
-        kit.check_failed_setup_is_infra(pool, _service(fake))
-
-
-@pytest.mark.parametrize("kind", ["ghost", "pending", "boot404"])
-def test_a_spoiled_snapshot_is_built_again(fake, make_pool, kind):
-    with make_pool() as pool:
-        kit.check_snapshot_fault(pool, _service(fake), kind, salt=kind)
-
-
-def test_a_snapshot_that_vanished_is_built_again(fake, make_pool):
-    kit.check_vanished_snapshot_is_rebuilt(make_pool, _service(fake))
-
-
-def test_a_create_from_a_missing_snapshot_is_infra_and_rebuilds(fake, tmp_path):
-    from trl_sandbox.plugins import make_provider
-
-    provider = make_provider("coreweave", {"api_key": API_KEY, "base_url": fake.base_url,
-                                        "environment_cache": str(tmp_path / "envs"), "snapshot_timeout_s": 1.5})
-    kit.check_missing_snapshot_on_create(provider, _service(fake))
+class TestPreparedEnvironments(kit.SnapshotEnvironmentChecks):
+    """Isolation between leases, failed setups and spoiled, vanished or missing snapshots (the kit's)."""

@@ -60,6 +60,7 @@ from trl_sandbox import (
 )
 from trl_sandbox.plugins.settings import flag, number
 from trl_sandbox.remote import environment, files
+from trl_sandbox.remote.environment import PreparesEnvironments
 from trl_sandbox.remote.lease import (
     CLEANING_MARGIN_S,
     FAILED_EXIT,
@@ -435,7 +436,7 @@ class CoreWeaveSandbox:
 # -- provider -----------------------------------------------------------------------------------
 
 
-class CoreWeaveProvider:
+class CoreWeaveProvider(PreparesEnvironments):
     """CoreWeave Sandbox (formerly Aviato).
 
     Settings (``sandbox_provider_settings``; numbers may be given as strings):
@@ -548,26 +549,15 @@ class CoreWeaveProvider:
         self.environment_layer_mb = number("coreweave", "environment_layer_mb", environment_layer_mb, int, 1)
         self.snapshot_size = str(snapshot_size)
         self.snapshot_timeout_s = number("coreweave", "snapshot_timeout_s", snapshot_timeout_s, float, 0.1)
-        self._environments: Any = None
         self._owned: dict[str, CoreWeaveSandbox] = {}
         self._cleanups: set[asyncio.Task] = set()
 
     def work_dir_for(self, sandbox_id: str) -> str:
         return self.work_dir.replace("{id}", sandbox_id)
 
-    @property
-    def environments(self) -> Any:
-        """Prepared environments (``snapshots.py``), made on first use."""
-        if self._environments is None:
-            self._environments = environments(self, self.environment_cache, self.environment_cache_mb)
-        return self._environments
-
-    async def prepare_environment(self, spec: Any) -> Any:
-        """Build ``spec`` once into a file-system snapshot (or find it built); leases restore it."""
-        return await self.environments.prepare(spec)
-
-    def environment_metrics(self) -> dict[str, float]:
-        return self._environments.builds.drain().metrics() if self._environments is not None else {}
+    def _make_environments(self) -> Any:
+        """Prepared environments (``snapshots.py``)."""
+        return environments(self, self.environment_cache, self.environment_cache_mb)
 
     def _common(self) -> dict[str, Any]:
         common: dict[str, Any] = {"auth": self._auth, "base_url": self.base_url}

@@ -62,6 +62,7 @@ from trl_sandbox import (
 )
 from trl_sandbox.plugins.settings import flag, number
 from trl_sandbox.remote import environment, files
+from trl_sandbox.remote.environment import PreparesEnvironments
 from trl_sandbox.remote.lease import CLEANING_MARGIN_S, FAILED_EXIT, Lease, failure, probe_argv, timed_out
 from trl_sandbox.sandbox import exec_arguments
 
@@ -460,7 +461,7 @@ class DaytonaSandbox:
 # -- provider -----------------------------------------------------------------------------------
 
 
-class DaytonaProvider:
+class DaytonaProvider(PreparesEnvironments):
     """Daytona sandboxes.
 
     Settings (``sandbox_provider_settings``; numbers may be given as strings):
@@ -560,7 +561,6 @@ class DaytonaProvider:
         self.environment_cache_mb = number("daytona", "environment_cache_mb", environment_cache_mb, float, 1)
         self.environment_layer_mb = number("daytona", "environment_layer_mb", environment_layer_mb, int, 1)
         self.snapshot_timeout_s = number("daytona", "snapshot_timeout_s", snapshot_timeout_s, float, 0.1)
-        self._environments: Any = None
         # One client per event loop: the pools of a prepared environment's snapshot run on loops
         # of their own (pool/environment_pools.py), and an SDK client belongs to one loop.
         self._sdks: dict[asyncio.AbstractEventLoop, Any] = {}
@@ -570,19 +570,9 @@ class DaytonaProvider:
     def work_dir_for(self, sandbox_id: str) -> str:
         return self.work_dir.replace("{id}", sandbox_id)
 
-    @property
-    def environments(self) -> Any:
-        """Prepared environments (``snapshots.py``), made on first use."""
-        if self._environments is None:
-            self._environments = environments(self, self.environment_cache, self.environment_cache_mb)
-        return self._environments
-
-    async def prepare_environment(self, spec: Any) -> Any:
-        """Build ``spec`` once into a snapshot (or find it built); leases are made from it."""
-        return await self.environments.prepare(spec)
-
-    def environment_metrics(self) -> dict[str, float]:
-        return self._environments.builds.drain().metrics() if self._environments is not None else {}
+    def _make_environments(self) -> Any:
+        """Prepared environments (``snapshots.py``)."""
+        return environments(self, self.environment_cache, self.environment_cache_mb)
 
     async def client(self) -> Any:
         """The ``AsyncDaytona`` client, created on first use on the running (pool) loop."""

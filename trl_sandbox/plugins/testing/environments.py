@@ -11,6 +11,8 @@ A plugin's tests call these with a pool of its provider (against its fake servic
   builds no snapshot, and leaves other rows alone;
 * ``check_snapshot_fault``: a snapshot that is a ghost, stuck pending or 404s on boot is built
   again, and the programs then get their correct verdicts.
+
+``SnapshotEnvironmentChecks`` runs them all as test methods of a plugin's test class.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+import pytest
 
 from trl_sandbox.environments.spec import parse
 from trl_sandbox.sandbox import InfraError
@@ -163,3 +167,32 @@ def check_missing_snapshot_on_create(provider: Any, service: SnapshotService) ->
         return result
 
     assert asyncio.run(go()).stdout == CLEAN
+
+
+class SnapshotEnvironmentChecks:
+    """The checks above as test methods, for a plugin's test module to subclass. Its fixtures:
+    ``make_pool(size=2, **settings)`` (a pool of the provider against its fake, with an environment
+    cache of its own), ``make_provider()`` (the same provider, unpooled) and ``service`` (a
+    ``SnapshotService`` view of the fake)."""
+
+    @pytest.mark.parametrize("isolation", ["auto", "sweep"])
+    def test_isolation_between_leases_of_one_sandbox(self, make_pool, isolation):
+        # auto: the launcher mounts an overlay (it holds CAP_SYS_ADMIN in the fake's container);
+        # sweep: it copies the tree.
+        with make_pool(size=1, isolation=isolation) as pool:
+            check_isolation_between_leases(pool, copy="overlay" if isolation == "auto" else "copy")
+
+    def test_a_failed_setup_is_infra_for_its_rows_only(self, make_pool, service):
+        with make_pool() as pool:
+            check_failed_setup_is_infra(pool, service)
+
+    @pytest.mark.parametrize("kind", ["ghost", "pending", "boot404"])
+    def test_a_spoiled_snapshot_is_built_again(self, make_pool, service, kind):
+        with make_pool() as pool:
+            check_snapshot_fault(pool, service, kind, salt=kind)
+
+    def test_a_snapshot_that_vanished_is_built_again(self, make_pool, service):
+        check_vanished_snapshot_is_rebuilt(make_pool, service)
+
+    def test_a_create_from_a_missing_snapshot_is_infra_and_rebuilds(self, make_provider, service):
+        check_missing_snapshot_on_create(make_provider(), service)
