@@ -282,7 +282,8 @@ class Program:
             h.update(path.encode("utf-8", "surrogatepass") + b"\0")
             h.update(hashlib.sha256(data).digest())
         if self.environment is not None:
-            h.update(b"environment\0" + repr(self.environment).encode("utf-8", "surrogatepass"))
+            fingerprint = getattr(self.environment, "fingerprint", None) or repr(self.environment)
+            h.update(b"environment\0" + fingerprint.encode("utf-8", "surrogatepass"))
         return h.hexdigest()
 
 

@@ -9,6 +9,7 @@ prompt.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import posixpath
@@ -35,19 +36,24 @@ class EnvironmentSpec:
     setup_timeout: float = 600.0
     setup_network: bool = False
 
-    def key(self, provider_kind: str, base_digest: str) -> str:
-        """The content key: a SHA-256 of what builds the state (``setup_timeout`` is not part of
-        it: a slower machine's longer limit builds the same tree)."""
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """A SHA-256 of what the row declares that builds the state (``setup_timeout`` is not part
+        of it: a slower machine's longer limit builds the same tree). Computed once per spec: a
+        spec may carry a whole repository's files, and every program of its rows is keyed by it."""
         payload = {
             "v": KEY_VERSION,
-            "provider": provider_kind,
-            "base": base_digest,
             "files": [list(f) for f in self.files],
             "setup": list(self.setup),
             "network": self.setup_network,
             "workdir": self.workdir,
         }
         text = json.dumps(payload, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+    def key(self, provider_kind: str, base_digest: str) -> str:
+        """The content key: the spec's fingerprint with the provider kind and the base's digest."""
+        text = json.dumps([self.fingerprint, provider_kind, base_digest], ensure_ascii=False)
         return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
     def describe(self) -> str:
@@ -76,16 +82,26 @@ def parse(value: Any) -> EnvironmentSpec | None:
     if isinstance(value, bytes):
         value = value.decode("utf-8", "replace")
     if isinstance(value, str):
-        if not value.lstrip().startswith("{"):
-            # TRL's dict of environment factories names a row's factory in a column of this name
-            # (``environment: "my_env"``): that is TRL's, not a prepared environment.
-            return None
-        try:
-            value = json.loads(value)
-        except ValueError as exc:
-            raise ConfigError(f"environment: not valid JSON ({exc}); give a dict or its JSON text") from exc
-        if value is None or value == {}:
-            return None
+        return _parse_text(value)
+    return _parse(value)
+
+
+@functools.lru_cache(maxsize=32)
+def _parse_text(value: str) -> EnvironmentSpec | None:
+    """``parse`` of a JSON cell, once per text: every completion of a row parses the same cell
+    (a few recent ones are kept: a cell may hold a whole repository's files)."""
+    if not value.lstrip().startswith("{"):
+        # TRL's dict of environment factories names a row's factory in a column of this name
+        # (``environment: "my_env"``): that is TRL's, not a prepared environment.
+        return None
+    try:
+        loaded = json.loads(value)
+    except ValueError as exc:
+        raise ConfigError(f"environment: not valid JSON ({exc}); give a dict or its JSON text") from exc
+    return None if loaded is None or loaded == {} else _parse(loaded)
+
+
+def _parse(value: Any) -> EnvironmentSpec | None:
     if not isinstance(value, Mapping):
         raise ConfigError(f"environment must be a dict (or its JSON text) with the fields {', '.join(FIELDS)}; "
                           f"got {type(value).__name__}")
