@@ -606,3 +606,34 @@ def test_a_whole_programs_tests_share_no_memory():
         leaked, control = score(pool, GenericTask(), [leak, honest], {"task_id": "leak", "tests": tests})
     assert control.status == "passed", control.detail
     assert leaked.passed == 0, leaked.detail
+
+
+@pytest.mark.parametrize("attack", ["rm -rf tests", "rm -rf tests && echo x > tests",
+                                    "rm -rf tests && mkdir tests && touch tests/__init__.py"])
+def test_an_agent_cannot_take_a_protected_test_away_with_its_directory(attack):
+    """Deleting or replacing the directory above a protected test (not the test itself) would take
+    the test along: the verifier would then run no test and pass. Control: unprotected, it pays."""
+    import tempfile
+    from pathlib import Path
+
+    from trl_sandbox.agents.load import agent_rows
+    from trl_sandbox.environments.cache import remove_tree
+    from trl_sandbox.pool.sandbox_pool import SandboxPool
+    from trl_sandbox.scoring.scorer import Scorer
+
+    [row] = agent_rows("builtin", task_ids=["fix-median"])
+    row["protected"] = ["tests/test_core.py"]  # fails on the unfixed code
+    row["verify"] = ("cd /app && python3 -m unittest discover > /dev/null 2>&1 && echo 1 > /logs/verifier/reward.txt "
+                     "|| echo 0 > /logs/verifier/reward.txt")
+    cache = Path(tempfile.mkdtemp(prefix="trl-sandbox-hostile-", dir="/var/tmp"))
+    os.chmod(cache, 0o755)
+    try:
+        with SandboxPool.open("local", size=2, settings={"environment_cache": str(cache)}) as pool:
+            scorer = Scorer(pool, cache_size=0)
+            hostile, honest = scorer.score([f"{attack}; true", row["solution"]], [row, row])
+            assert hostile.status == "failed" and "protected" in hostile.detail, hostile.detail
+            assert honest.status == "passed", honest.detail
+            row["protected"] = []  # the control: without the protection the attack pays
+            assert scorer.score([f"{attack}; true"], [row])[0].status == "passed"
+    finally:
+        remove_tree(cache)

@@ -46,10 +46,20 @@ def _under(path: str, roots: Sequence[str]) -> bool:
     return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots if r)
 
 
+def _parents(path: str) -> list[str]:
+    parents = []
+    while "/" in path:
+        path = path.rsplit("/", 1)[0]
+        parents.append(path)
+    return parents
+
+
 def carried(changes: Sequence[Change], protected: Sequence[str] = (),
             tree: Path | None = None) -> tuple[list[Change], list[str]]:
     """The changes a verifier gets, and a note for each refused one."""
     protected = [posixpath.normpath(p).lstrip("/") for p in protected]
+    # The directories above a protected path: deleting or replacing one would take it along.
+    above = {parent for p in protected for parent in _parents(p)}
     venvs = sorted(_venvs(tree))
     kept: list[Change] = []
     refused: list[str] = []
@@ -60,11 +70,16 @@ def carried(changes: Sequence[Change], protected: Sequence[str] = (),
         why = ""
         if _under(path, dropped):
             continue  # inside a refused directory
-        if _under(path, protected):
+        if path in above and kind == "o":  # its own files, over the prepared ones it keeps
+            change = (path, "d", change[2], b"")
+            refused.append(f"{path}: replaced, but it holds a protected path (kept)")
+        if path in above and kind not in ("d", "o"):
+            why = "it holds a protected path (restored)"
+        elif _under(path, protected):
             why = "protected (restored)"
         elif parts[-1] in REFUSED_NAMES or path.endswith(".pth"):
             why = "refused file name"
-        elif REFUSED_PARTS & set(parts[:-1] if kind != "d" and kind != "o" else parts):
+        elif REFUSED_PARTS & set(parts):
             why = "refused place"
         elif _under(path, venvs):
             why = "inside a virtual environment"
