@@ -608,32 +608,66 @@ def test_a_whole_programs_tests_share_no_memory():
     assert leaked.passed == 0, leaked.detail
 
 
-@pytest.mark.parametrize("attack", ["rm -rf tests", "rm -rf tests && echo x > tests",
-                                    "rm -rf tests && mkdir tests && touch tests/__init__.py"])
-def test_an_agent_cannot_take_a_protected_test_away_with_its_directory(attack):
-    """Deleting or replacing the directory above a protected test (not the test itself) would take
-    the test along: the verifier would then run no test and pass. Control: unprotected, it pays."""
+@pytest.fixture(scope="module")
+def agent_pool():
+    """A local pool with an environment cache the sandboxes' uid can enter, for agent tasks."""
     import tempfile
     from pathlib import Path
 
-    from trl_sandbox.agents.load import agent_rows
     from trl_sandbox.environments.cache import remove_tree
     from trl_sandbox.pool.sandbox_pool import SandboxPool
-    from trl_sandbox.scoring.scorer import Scorer
 
-    [row] = agent_rows("builtin", task_ids=["fix-median"])
-    row["protected"] = ["tests/test_core.py"]  # fails on the unfixed code
-    row["verify"] = ("cd /app && python3 -m unittest discover > /dev/null 2>&1 && echo 1 > /logs/verifier/reward.txt "
-                     "|| echo 0 > /logs/verifier/reward.txt")
     cache = Path(tempfile.mkdtemp(prefix="trl-sandbox-hostile-", dir="/var/tmp"))
     os.chmod(cache, 0o755)
     try:
         with SandboxPool.open("local", size=2, settings={"environment_cache": str(cache)}) as pool:
-            scorer = Scorer(pool, cache_size=0)
-            hostile, honest = scorer.score([f"{attack}; true", row["solution"]], [row, row])
-            assert hostile.status == "failed" and "protected" in hostile.detail, hostile.detail
-            assert honest.status == "passed", honest.detail
-            row["protected"] = []  # the control: without the protection the attack pays
-            assert scorer.score([f"{attack}; true"], [row])[0].status == "passed"
+            yield pool
     finally:
         remove_tree(cache)
+
+
+def _agent_row(task_id):
+    from trl_sandbox.agents.load import agent_rows
+
+    [row] = agent_rows("builtin", task_ids=[task_id])
+    return row
+
+
+@pytest.mark.parametrize("attack", ["rm -rf tests", "rm -rf tests && echo x > tests",
+                                    "rm -rf tests && mkdir tests && touch tests/__init__.py"])
+def test_an_agent_cannot_take_a_protected_test_away_with_its_directory(agent_pool, attack):
+    """Deleting or replacing the directory above a protected test (not the test itself) would take
+    the test along: the verifier would then run no test and pass. Control: unprotected, it pays."""
+    from trl_sandbox.scoring.scorer import Scorer
+
+    row = _agent_row("fix-median")
+    row["protected"] = ["tests/test_core.py"]  # fails on the unfixed code
+    row["verify"] = ("cd /app && python3 -m unittest discover > /dev/null 2>&1 && echo 1 > /logs/verifier/reward.txt "
+                     "|| echo 0 > /logs/verifier/reward.txt")
+    scorer = Scorer(agent_pool, cache_size=0)
+    hostile, honest = scorer.score([f"{attack}; true", row["solution"]], [row, row])
+    assert hostile.status == "failed" and "protected" in hostile.detail, hostile.detail
+    assert honest.status == "passed", honest.detail
+    row["protected"] = []  # the control: without the protection the attack pays
+    assert scorer.score([f"{attack}; true"], [row])[0].status == "passed"
+
+
+@pytest.mark.parametrize("depth", [1100, 40])
+def test_changes_nested_deep_are_a_verdict_not_infra(agent_pool, depth):
+    """An episode that nests directories past what the grader reads fails; it never scores None
+    (the grader once recursed per level). Control: the oracle passes in the same pool, and at a
+    modest depth the same program is graded as usual."""
+    from trl_sandbox.scoring.scorer import Scorer
+    from trl_sandbox.training.environment import SandboxEnvironment
+
+    row = _agent_row("error-digest")
+    nest = f"d=deep; for i in $(seq 1 {depth}); do d=$d/d; done; mkdir -p $d; true"
+    scorer = Scorer(agent_pool, cache_size=0)
+    hostile, honest = scorer.score([nest, row["solution"]], [row, row])
+    assert hostile.status == "failed" and hostile.reward == 0.0, hostile.detail
+    assert ("too large" in hostile.detail) == (depth > 256), hostile.detail
+    assert honest.status == "passed", honest.detail
+    episode = SandboxEnvironment(agent_pool, scorer)
+    episode.reset(**row)
+    episode.bash(nest)
+    assert episode.get_reward() == 0.0

@@ -33,38 +33,62 @@ class TooLarge(Exception):
     pass
 
 
-def _walk(dir_fd, prefix, out, budget):
-    """Append (path, kind, mode, payload) for every entry of the layer below ``dir_fd``."""
-    for entry in sorted(os.scandir(dir_fd), key=lambda e: e.name):
-        path = prefix + entry.name
-        st = entry.stat(follow_symlinks=False)
-        mode = stat.S_IMODE(st.st_mode)
-        budget[1] -= 1
-        if budget[1] < 0:
-            raise TooLarge(f"the episode changed more than {budget[2]} entries")
-        if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
-            out.append((path, "w", 0, b""))
-        elif stat.S_ISDIR(st.st_mode):
-            fd = os.open(entry.name, O_DIR, dir_fd=dir_fd)
-            try:
-                try:
-                    opaque = os.getxattr(fd, "user.overlay.opaque") == b"y"
-                except OSError:
-                    opaque = False
-                out.append((path, "o" if opaque else "d", mode, b""))
-                _walk(fd, path + "/", out, budget)
-            finally:
-                os.close(fd)
-        elif stat.S_ISLNK(st.st_mode):
-            out.append((path, "l", 0, os.readlink(entry.name, dir_fd=dir_fd).encode("utf-8", "surrogateescape")))
-        elif stat.S_ISREG(st.st_mode):
-            budget[0] -= st.st_size
-            if budget[0] < 0:
-                raise TooLarge(f"the episode's changed files hold more than {budget[3]} bytes")
-            fd = os.open(entry.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
-            with open(fd, "rb") as f:
-                out.append((path, "f", mode, f.read(st.st_size + 1)[: st.st_size]))
-        # FIFOs, sockets and devices are not carried
+MAX_DEPTH = 256  # deeper trees of changes are the agent's doing: a verdict, never the grader's failure
+
+
+def _entry(dir_fd, entry, path, out, budget):
+    """Append (path, kind, mode, payload) for one entry of the layer; an fd if it is a directory."""
+    st = entry.stat(follow_symlinks=False)
+    mode = stat.S_IMODE(st.st_mode)
+    budget[1] -= 1
+    if budget[1] < 0:
+        raise TooLarge(f"the episode changed more than {budget[2]} entries")
+    if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
+        out.append((path, "w", 0, b""))
+    elif stat.S_ISDIR(st.st_mode):
+        fd = os.open(entry.name, O_DIR, dir_fd=dir_fd)
+        try:
+            opaque = os.getxattr(fd, "user.overlay.opaque") == b"y"
+        except OSError:
+            opaque = False
+        out.append((path, "o" if opaque else "d", mode, b""))
+        return fd
+    elif stat.S_ISLNK(st.st_mode):
+        out.append((path, "l", 0, os.readlink(entry.name, dir_fd=dir_fd).encode("utf-8", "surrogateescape")))
+    elif stat.S_ISREG(st.st_mode):
+        budget[0] -= st.st_size
+        if budget[0] < 0:
+            raise TooLarge(f"the episode's changed files hold more than {budget[3]} bytes")
+        fd = os.open(entry.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
+        with open(fd, "rb") as f:
+            out.append((path, "f", mode, f.read(st.st_size + 1)[: st.st_size]))
+    # FIFOs, sockets and devices are not carried
+    return None
+
+
+def _walk(top_fd, out, budget):
+    """Every entry of the layer below ``top_fd``, parents before children, without recursion (an
+    episode may nest directories thousands deep)."""
+    stack = [(top_fd, "", iter(sorted(os.scandir(top_fd), key=lambda e: e.name)), False)]
+    try:
+        while stack:
+            dir_fd, prefix, entries, owned = stack[-1]
+            entry = next(entries, None)
+            if entry is None:
+                stack.pop()
+                if owned:
+                    os.close(dir_fd)
+                continue
+            fd = _entry(dir_fd, entry, prefix + entry.name, out, budget)
+            if fd is not None:
+                if len(stack) > MAX_DEPTH:
+                    os.close(fd)
+                    raise TooLarge(f"the episode's directories nest deeper than {MAX_DEPTH}")
+                stack.append((fd, prefix + entry.name + "/", iter(sorted(os.scandir(fd), key=lambda e: e.name)), True))
+    finally:
+        for dir_fd, _, _, owned in stack:
+            if owned:
+                os.close(dir_fd)
 
 
 def do_changes(request):
@@ -76,23 +100,32 @@ def do_changes(request):
         raise OSError(errno.ENOTSUP, "this lease has no overlay of a prepared environment to read changes from")
     out = []
     try:
-        _walk(layers.UPPER[0], "", out, [int(max_bytes), int(max_entries), int(max_entries), int(max_bytes)])
+        _walk(layers.UPPER[0], out, [int(max_bytes), int(max_entries), int(max_entries), int(max_bytes)])
     except TooLarge as exc:
         raise OSError(errno.EFBIG, f"too large: {exc}") from None
     reply(K_DATA, part1=marshal.dumps(out, 4))
 
 
 def _clear(path):
+    """Remove ``path`` and everything below it, without recursion and without following links."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
         return
-    if stat.S_ISDIR(st.st_mode):
-        for name in os.listdir(path):
-            _clear(os.path.join(path, name))
-        os.rmdir(path)
-    else:
+    if not stat.S_ISDIR(st.st_mode):
         os.unlink(path)
+        return
+    pending, empty = [path], []
+    while pending:
+        here = pending.pop()
+        empty.append(here)
+        for entry in os.scandir(here):
+            if entry.is_dir(follow_symlinks=False):
+                pending.append(entry.path)
+            else:
+                os.unlink(entry.path)
+    for here in reversed(empty):
+        os.rmdir(here)
 
 
 def _inside(path):
