@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import errno
 import marshal
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from trl_sandbox.local.supervisor import protocol as _proto
 
@@ -25,10 +25,9 @@ class ChangesTooLarge(Exception):
 
 
 class AgentGrading:
-    """Mixed into ``LocalSandbox``: it provides ``_simple``."""
+    """Mixed into ``LocalSandbox``, whose ``_simple`` sends one request and reads its answer."""
 
-    async def _simple(self, request: tuple, timeout: float = 60.0, raw: bytes = b"") -> tuple[int, int, bytes]:
-        raise NotImplementedError
+    _simple: Callable[..., Awaitable[tuple[int, int, bytes]]]
 
     async def environment_changes(self, max_bytes: int = 64 << 20, max_entries: int = 20_000) -> list[Change]:
         try:
