@@ -671,3 +671,33 @@ def test_changes_nested_deep_are_a_verdict_not_infra(agent_pool, depth):
     episode.reset(**row)
     episode.bash(nest)
     assert episode.get_reward() == 0.0
+
+
+FORGERIES = {  # code of the agent's that the hidden tests import, so it runs inside the verifier
+    "a reward file, then the script killed": (
+        "import os, signal\nos.makedirs('/logs/verifier', exist_ok=True)\n"
+        "open('/logs/verifier/reward.txt', 'w').write('1\\n')\nos.kill(-1, signal.SIGKILL)\n"),
+    "the reward file made a directory": "import os\nos.makedirs('/logs/verifier/reward.txt', exist_ok=True)\n",
+    "a reward.json nested too deep to parse": (
+        "import os\nos.makedirs('/logs/verifier', exist_ok=True)\n"
+        "open('/logs/verifier/reward.json', 'w').write('{\"reward\":' + '[' * 100000)\n"),
+}
+
+
+@pytest.mark.parametrize("forgery", sorted(FORGERIES))
+def test_forgeries_from_the_agents_imported_code_fail_never_pass_nor_none(agent_pool, forgery):
+    """Found by a blind review: a reward file written and the verifier script killed before it could
+    overwrite it passed; a reward file that is a directory, or JSON too deep to parse, scored None."""
+    from trl_sandbox.agents.grading import verdict
+    from trl_sandbox.scoring.scorer import Scorer
+
+    row = _agent_row("fix-median")  # the median bug stays; stats/__init__.py is imported by the tests
+    plant = f"cat >> stats/__init__.py <<'PY'\n{FORGERIES[forgery]}PY\ntrue"
+    hostile, honest = Scorer(agent_pool, cache_size=0).score([plant, row["solution"]], [row, row])
+    assert (hostile.status, hostile.reward) == ("failed", 0.0), hostile.detail
+    assert honest.status == "passed", honest.detail  # the control, in the same pool
+    # Control: the forged file does pass when the verifier ends cleanly; a killed one's never counts.
+    assert verdict({"reward.txt": b"1\n"}, 0, False, row).status == "passed"
+    assert verdict({"reward.txt": b"1\n"}, -9, False, row).status == "failed"
+    assert verdict({"reward.json": b'{"reward": 1}'}, 0, False, row).status == "passed"
+    assert verdict({"reward.json": b'{"reward": true}'}, 0, False, row).status == "failed"

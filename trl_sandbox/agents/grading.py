@@ -20,6 +20,7 @@ fails an expected-ids task). See docs/agents.md.
 from __future__ import annotations
 
 import json
+import math
 import posixpath
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
@@ -120,6 +121,23 @@ def _junit(data: bytes) -> tuple[set[str], int, list[str]]:
     return passed, ran, failed
 
 
+def _number(data: bytes, json_file: bool) -> float | None:
+    """A reward file's number: ``reward.json``'s ``reward`` (or a bare number), ``reward.txt``'s text;
+    ``None`` for anything else (a string, a boolean, nested data, infinity, NaN). Never raises: the
+    file may be the agent's own."""
+    try:
+        if not json_file:
+            value: Any = float(data.decode("utf-8", "replace").strip())
+        else:
+            loaded = json.loads(data)
+            value = loaded.get("reward") if isinstance(loaded, dict) else loaded
+    except (ValueError, RecursionError):
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
 def _pytest_verdict(reports: Mapping[str, bytes], expected: list[str], note: str) -> Outcome:
     """Every expected test id passed in the verifier's JUnit report (with none expected: every test
     it ran, at least one). A report that never got written (``os._exit`` at import) passes nothing."""
@@ -147,6 +165,10 @@ def verdict(reports: Mapping[str, bytes], exit_code: int, timed_out: bool, row: 
     if timed_out:
         return Outcome("timeout", 0, 1, detail=f"the verifier ran past its time{note}")
     parser = row.get("parser") or ("pytest" if row.get("expected") else "reward_file")
+    if exit_code != 0 and parser != "exit_code":
+        # A report counts only from a verifier that ended as it was written to: code of the agent's
+        # that the tests import can write the report, then kill the script before it overwrites it.
+        return Outcome("failed", 0, 1, detail=f"the verifier exited {exit_code}; its report does not count{note}")
     if parser == "pytest":
         return _pytest_verdict(reports, list(row.get("expected") or ()), note)
     if parser == "exit_code":
@@ -154,15 +176,12 @@ def verdict(reports: Mapping[str, bytes], exit_code: int, timed_out: bool, row: 
                        detail=f"the verifier exited {exit_code}{note}")
     value = None
     if "reward.json" in reports:
-        try:
-            loaded = json.loads(reports["reward.json"])
-            value = float(loaded["reward"] if isinstance(loaded, dict) else loaded)
-        except (ValueError, KeyError, TypeError):
+        value = _number(reports["reward.json"], json_file=True)
+        if value is None:
             return Outcome("failed", 0, 1, detail=f"reward.json holds no reward{note}")
     elif "reward.txt" in reports:
-        try:
-            value = float(reports["reward.txt"].decode("utf-8", "replace").strip())
-        except ValueError:
+        value = _number(reports["reward.txt"], json_file=False)
+        if value is None:
             return Outcome("failed", 0, 1, detail=f"reward.txt holds no number{note}")
     if value is not None:
         status = "passed" if value >= 1.0 else "failed"

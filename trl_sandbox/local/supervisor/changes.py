@@ -200,7 +200,9 @@ def do_verdict(request):
             fd = os.open(os.path.join(VERIFIER, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError:
             continue
-        with open(fd, "rb") as f:
+        try:  # a directory, FIFO or device of that name (the agent's code made it) is no report
             if stat.S_ISREG(os.fstat(fd).st_mode):
-                found[name] = f.read(REPORT_CAP)
+                found[name] = os.read(fd, REPORT_CAP)
+        finally:
+            os.close(fd)
     reply(K_DATA, part1=marshal.dumps(found, 4))
