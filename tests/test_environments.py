@@ -239,3 +239,29 @@ def test_trees_of_any_depth_are_measured_and_removed(tmp_path):
     (tmp_path / "t" / "link").symlink_to(outside)
     remove_tree(tmp_path / "t")
     assert (outside / "keep").read_text() == "k" and not (tmp_path / "t").exists()
+
+
+def test_a_process_waiting_for_anothers_build_is_not_held_up_by_its_leases(tmp_path):
+    """The builder keeps the key's lock shared while it leases: a process that began to wait for
+    the build takes the built tree then, without a build of its own."""
+    log = tmp_path / "builds.log"
+
+    def build(spec, key, staging):
+        with log.open("a") as f:
+            f.write("build\n")
+        time.sleep(4.0)  # the other process starts waiting meanwhile
+        (staging / "tree" / "x").write_text("x")
+        return {}
+
+    builds = Builds(EnvironmentCache(tmp_path / "cache"), "test", build)
+    spec = parse({"setup": ["true"]})
+    thread = threading.Thread(target=builds.prepare_sync, args=(spec,))
+    thread.start()
+    time.sleep(0.5)  # our build is under way, its lock taken
+    other = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path / "cache"), str(log)],
+                             stdout=subprocess.PIPE, text=True)
+    thread.join()
+    assert builds.cache.held == {builds.key(spec)}  # we lease from it, and keep leasing
+    out, _ = other.communicate(timeout=30)
+    assert other.returncode == 0 and out.split()[1] == "x"
+    assert log.read_text().count("build") == 1  # control: it took our build, it did not make its own

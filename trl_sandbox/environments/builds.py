@@ -155,8 +155,8 @@ class Builds:
                     if not built:
                         self.stats.hits += 1
                 return self._prepared(spec, key, meta)
-            with self.cache.locked(key):
-                if self.cache.ready(key) is None:  # not built by another process while we waited
+            with self.cache.locked(key) as mine:
+                if mine and self.cache.ready(key) is None:  # not built by another process meanwhile
                     with self._lock:
                         self.stats.misses += 1
                     self._build_locked(spec, key)

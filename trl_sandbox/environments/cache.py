@@ -34,6 +34,7 @@ from pathlib import Path
 log = logging.getLogger("trl_sandbox.environments")
 
 META = "meta.json"
+LOCK_POLL_S = 0.05  # how often a process waiting for another's build looks again
 TREE = "tree"
 
 
@@ -147,13 +148,25 @@ class EnvironmentCache:
             return set(self._held)
 
     @contextlib.contextmanager
-    def locked(self, key: str) -> Iterator[None]:
-        """Hold the key's build lock (blocking: call it from a worker thread)."""
+    def locked(self, key: str) -> Iterator[bool]:
+        """Hold the key's build lock, or learn that the key got built meanwhile (blocking: call it
+        from a worker thread). Yields True with the lock held, False when the tree is ready: the
+        process that built it keeps its lock shared while it leases (``hold``), so waiting for the
+        exclusive lock would wait for that lease to end."""
         self.release(key)  # our own shared hold would block our exclusive lock forever
         fd = self._lock_fd(key)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    if (self.root / key / META).is_file() and self.tree(key).is_dir():
+                        yield False
+                        return
+                    time.sleep(LOCK_POLL_S)
+                    continue
+                yield True
+                return
         finally:
             os.close(fd)  # closing releases the lock
 
