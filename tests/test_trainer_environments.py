@@ -116,3 +116,23 @@ def test_prefetch_sends_at_most_its_limit_of_keys_ahead(tmp_path, cache_dir):
     # One of step 2's keys was ready ahead, the other built at its first lease (a miss).
     assert step2["env/hit_rate"] < 1.0
     assert step1["env/builds"] + step2["env/builds"] == 4
+
+
+def test_agent_tasks_on_a_provider_that_cannot_grade_them_fail_at_construction(tmp_path):
+    """Agent rows need a provider that grades out of the agent's reach (the local sandbox); any
+    other is refused when the trainer is built, and so is a scorer's first agent row."""
+    from trl_sandbox.agents.load import load_agent_tasks
+    from trl_sandbox.pool.sandbox_pool import SandboxPool
+    from trl_sandbox.scoring.scorer import Scorer
+
+    dataset = load_agent_tasks("builtin")
+    with pytest.raises(ConfigError, match=r"agent tasks .*'flaky' provider cannot grade.*sandbox_provider='local'"):
+        build(tmp_path, dataset, provider="flaky")
+    with SandboxPool.open("flaky", size=1) as pool:  # a scorer never raises: the row scores infra, saying why
+        [outcome] = Scorer(pool, cache_size=0).score(["true"], [dataset[0]])
+    assert outcome.status == "infra" and "cannot grade out of the agent's reach" in outcome.detail
+    # Control: the local provider passes the same check.
+    from trl_sandbox.agents.task import check_grades_agent_tasks
+    from trl_sandbox.local.provider import LocalProvider
+
+    check_grades_agent_tasks(LocalProvider)

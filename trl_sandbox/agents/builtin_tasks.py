@@ -100,50 +100,46 @@ class TestStats(unittest.TestCase):
 if __name__ == "__main__":
     unittest.main()
 ''',
-    # The tests import the agent's package, so its code runs in the verifier: a canary test that must
-    # fail, reported by the runner after the whole suite, catches blanket forgeries (os._exit(0) or
-    # an "OK" printed at import) that a bare exit status would take for success.
-    "tests/test.sh": TEST_SH.format(
-        command="cd /app && PYTHONPATH=/app python3 /tests/run_tests.py | tail -n 1 | grep -qx 'only the canary failed'"),
-    "tests/run_tests.py": '''import sys
-import unittest
+    # The judging process never imports the agent's code: each case runs in a child that imports
+    # ``stats`` and prints its answer, which this process compares. A blanket forgery in the
+    # agent's code (an "OK" printed, os._exit(0), a reward file written) can end or fake only the
+    # child's answer, which must then equal the median. The judge runs without the tree on its path.
+    "tests/test.sh": TEST_SH.format(command="cd /app && python3 -I /tests/run_tests.py"),
+    "tests/run_tests.py": '''"""Hidden tests of stats.median, judged out of the agent's reach."""
+import json
+import os
+import subprocess
+import sys
 
-suite = unittest.defaultTestLoader.discover("/tests", top_level_dir="/tests")
-result = unittest.TextTestRunner(stream=open("/dev/null", "w")).run(suite)
-failed = sorted(test.id() for test, _ in result.failures + result.errors)
-ok = failed == ["test_median_hidden.TestMedianHidden.test_zz_canary_must_fail"] and result.testsRun > 1
-print("only the canary failed" if ok else f"failed: {failed}")
-''',
-    "tests/test_median_hidden.py": '''import unittest
-
+CASES = [[9, 1, 5, 3, 7], [4, 1, 3, 2], [7], [3, 1, 2], [2.5, -1, 10, 4, 4, 0], []]
+EXPECTED = [5, 2.5, 7, 2, 3.25, "ValueError"]
+CHILD = """
+import json, sys
 from stats import median
+values = json.loads(sys.argv[1])
+before = list(values)
+try:
+    answer = median(values)
+except ValueError:
+    answer = "ValueError"
+print(json.dumps({"answer": answer, "unchanged": values == before}))
+"""
 
 
-class TestMedianHidden(unittest.TestCase):
-    def test_unsorted_odd(self):
-        self.assertEqual(median([9, 1, 5, 3, 7]), 5)
-
-    def test_even_averages_the_middle_pair(self):
-        self.assertEqual(median([4, 1, 3, 2]), 2.5)
-
-    def test_single(self):
-        self.assertEqual(median([7]), 7)
-
-    def test_input_left_unchanged(self):
-        values = [3, 1, 2]
-        median(values)
-        self.assertEqual(values, [3, 1, 2])
-
-    def test_empty(self):
-        with self.assertRaises(ValueError):
-            median([])
-
-    def test_zz_canary_must_fail(self):
-        self.fail("the canary: a run in which it passes was forged")
+def answer(values):
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "PYTHONPATH": os.getcwd(), "PYTHONDONTWRITEBYTECODE": "1"}
+    try:
+        run = subprocess.run([sys.executable, "-c", CHILD, json.dumps(values)], env=env, capture_output=True,
+                             text=True, timeout=30)
+        return json.loads(run.stdout.strip().splitlines()[-1]) if run.returncode == 0 else None
+    except (subprocess.TimeoutExpired, ValueError, IndexError):
+        return None
 
 
-if __name__ == "__main__":
-    unittest.main()
+failed = [values for values, want in zip(CASES, EXPECTED)
+          if (got := answer(values)) is None or got.get("answer") != want or got.get("unchanged") is not True]
+print("all passed" if not failed else f"failed: {failed}")
+sys.exit(1 if failed else 0)
 ''',
     "solution/solve.sh": '''#!/bin/bash
 set -e

@@ -21,17 +21,33 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import posixpath
+import sys
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from trl_sandbox.agents.canary import forged
 from trl_sandbox.local.agent_ops import Change
 from trl_sandbox.sandbox import Outcome
 
-REFUSED_NAMES = frozenset({"conftest.py", "sitecustomize.py", "usercustomize.py"})
+REFUSED_NAMES = frozenset({"conftest.py", "sitecustomize.py", "usercustomize.py", "pytest.ini", ".pytest.ini"})
 REFUSED_PARTS = frozenset({".git", "site-packages", "dist-packages", "__pycache__"})
+# Packaging metadata: a ``*.dist-info`` on the verifier's path can register a pytest plugin (its
+# ``pytest11`` entry point), loaded before any test runs.
+REFUSED_SUFFIXES = (".dist-info", ".egg-info", ".egg-link", ".pth")
+# Configuration files that can load a plugin into pytest (``addopts = -p module``): carried only
+# when they do not mention pytest at all.
+RUNNER_CONFIGS = frozenset({"pyproject.toml", "setup.cfg", "tox.ini"})
+# Modules a verifier imports from outside the tree, which a new module or package of the same name
+# at the top of the tree (the verifier's working directory, on ``sys.path`` for ``python -m`` and
+# ``PYTHONPATH=.``) would replace: the standard library and the test runners.
+RUNNER_MODULES = frozenset({"pytest", "_pytest", "pluggy", "py", "iniconfig", "packaging", "pygments", "nose",
+                            "nose2", "hypothesis", "coverage", "xdist", "pip", "setuptools", "pkg_resources",
+                            "_distutils_hack", "exceptiongroup", "tomli"})
+SHADOWED = frozenset(sys.stdlib_module_names) | RUNNER_MODULES
 VERIFY_ENV = {"HOME": "/tmp", "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
 JUNIT = "/logs/verifier/junit.xml"  # where a pytest verifier's report goes (PYTEST_ADDOPTS)
 
@@ -53,6 +69,19 @@ def _parents(path: str) -> list[str]:
         path = path.rsplit("/", 1)[0]
         parents.append(path)
     return parents
+
+
+def _module(name: str) -> str:
+    return name.split(".", 1)[0]
+
+
+def _shadows(parts: list[str], tree: Path | None) -> bool:
+    """Whether a change makes a new module or package at the top of the tree named like one of
+    ``SHADOWED``. One the prepared tree already had was the task's own choice."""
+    top = parts[0]
+    if _module(top) not in SHADOWED or (tree is not None and os.path.lexists(tree / top)):
+        return False
+    return len(parts) > 1 or top.endswith((".py", ".pyc", ".pyw", ".so")) or "." not in top
 
 
 def carried(changes: Sequence[Change], protected: Sequence[str] = (),
@@ -78,10 +107,14 @@ def carried(changes: Sequence[Change], protected: Sequence[str] = (),
             why = "it holds a protected path (restored)"
         elif _under(path, protected):
             why = "protected (restored)"
-        elif parts[-1] in REFUSED_NAMES or path.endswith(".pth"):
+        elif parts[-1] in REFUSED_NAMES:
             why = "refused file name"
-        elif REFUSED_PARTS & set(parts):
+        elif parts[-1] in RUNNER_CONFIGS and b"pytest" in payload.lower():
+            why = "a test runner's configuration"
+        elif REFUSED_PARTS & set(parts) or any(part.endswith(REFUSED_SUFFIXES) for part in parts):
             why = "refused place"
+        elif _shadows(parts, tree):
+            why = f"it would replace the module {_module(parts[0])!r} the verifier imports"
         elif _under(path, venvs):
             why = "inside a virtual environment"
         elif kind == "l":
@@ -138,9 +171,11 @@ def _number(data: bytes, json_file: bool) -> float | None:
     return float(value)
 
 
-def _pytest_verdict(reports: Mapping[str, bytes], expected: list[str], note: str) -> Outcome:
+def _pytest_verdict(reports: Mapping[str, bytes], expected: list[str], note: str,
+                    canaries: Sequence[str] = ()) -> Outcome:
     """Every expected test id passed in the verifier's JUnit report (with none expected: every test
-    it ran, at least one). A report that never got written (``os._exit`` at import) passes nothing."""
+    it ran, at least one), and every planted canary failed (``canary``). A report that never got
+    written (``os._exit`` at import) passes nothing."""
     total = max(1, len(expected))
     if "junit.xml" not in reports:
         return Outcome("failed", 0, total, detail=f"the verifier reported no tests{note}")
@@ -148,6 +183,9 @@ def _pytest_verdict(reports: Mapping[str, bytes], expected: list[str], note: str
         passed, ran, failed = _junit(reports["junit.xml"])
     except ET.ParseError as exc:
         return Outcome("failed", 0, total, detail=f"the verifier's report is not JUnit XML: {exc}{note}")
+    why = forged(passed, failed, canaries)
+    if why:
+        return Outcome("failed", 0, total, detail=why + note)
     if not expected:
         ok = ran > 0 and not failed
         return Outcome("passed" if ok else "failed", ran - len(failed), max(ran, 1),
@@ -159,18 +197,20 @@ def _pytest_verdict(reports: Mapping[str, bytes], expected: list[str], note: str
 
 
 def verdict(reports: Mapping[str, bytes], exit_code: int, timed_out: bool, row: Mapping[str, Any],
-            refused: Sequence[str] = ()) -> Outcome:
+            refused: Sequence[str] = (), canaries: Sequence[str] = ()) -> Outcome:
     """The outcome from the verifier's own run (see the module docstring)."""
     note = f"; not carried: {', '.join(refused[:5])}" if refused else ""
     if timed_out:
         return Outcome("timeout", 0, 1, detail=f"the verifier ran past its time{note}")
     parser = row.get("parser") or ("pytest" if row.get("expected") else "reward_file")
-    if exit_code != 0 and parser != "exit_code":
+    # pytest exits 1 when some test failed: its report is whole (a failing test outside ``expected``,
+    # or the canary, is normal). Any other status means the run did not end as written.
+    if exit_code != 0 and parser != "exit_code" and not (parser == "pytest" and exit_code == 1):
         # A report counts only from a verifier that ended as it was written to: code of the agent's
         # that the tests import can write the report, then kill the script before it overwrites it.
         return Outcome("failed", 0, 1, detail=f"the verifier exited {exit_code}; its report does not count{note}")
     if parser == "pytest":
-        return _pytest_verdict(reports, list(row.get("expected") or ()), note)
+        return _pytest_verdict(reports, list(row.get("expected") or ()), note, canaries)
     if parser == "exit_code":
         return Outcome("passed" if exit_code == 0 else "failed", int(exit_code == 0), 1,
                        detail=f"the verifier exited {exit_code}{note}")

@@ -18,6 +18,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from trl_sandbox.agents.canary import plant
 from trl_sandbox.agents.columns import TESTS_DIR, row_of
 from trl_sandbox.agents.grading import JUNIT, VERIFY_ENV, carried, verdict
 from trl_sandbox.environments.spec import parse
@@ -32,6 +33,15 @@ def actions(completion: str) -> str:
     """The shell script in a completion: its fenced blocks, in order, or the bare text."""
     blocks = FENCE.findall(completion)
     return "\n".join(blocks) if blocks else completion
+
+
+def check_grades_agent_tasks(provider: Any, name: str = "the dataset") -> None:
+    """A ``ConfigError`` unless ``provider`` can grade agent tasks out of the agent's reach (read a
+    lease's changes, carry them into a fresh copy, bring the hidden tests): the local sandbox can."""
+    if not getattr(provider, "grades_agent_tasks", False):
+        raise ConfigError(
+            f"{name} has agent tasks (sandbox_task 'agent'), which the {getattr(provider, 'name', '?')!r} provider "
+            "cannot grade out of the agent's reach; use sandbox_provider='local' (docs/agents.md)")
 
 
 class AgentTask:
@@ -77,6 +87,7 @@ class AgentTask:
     async def arun(self, pool: Any, completion: str, row: Mapping[str, Any]) -> Outcome:
         """A single-turn sample: ``completion``'s script as the agent's actions, then the grade."""
         r = row_of(row)
+        check_grades_agent_tasks(pool.provider, f"task {r['task_id']!r}")
         prepared = await pool.prepare_environment(parse(r["environment"]))
         sandbox = await pool.checkout(prepared)
         broken = True
@@ -107,6 +118,9 @@ class AgentTask:
         """``changes`` carried into a fresh copy, the tests brought in, the verifier run."""
         kept, refused = carried(changes, r["protected"], getattr(prepared, "tree", None))
         tests = {p: t.encode() for p, t in r["tests"].items()}
+        canaries: list[str] = []
+        if r["parser"] == "pytest" and not re.search(r"::|(^|\s)-k(\s|$)", r["verify"]):  # not one test picked
+            tests, canaries = plant(tests, r["expected"])
         workdir = prepared.workdir or getattr(pool.provider, "work_dir", "/work")
         in_tree: list = []
         if r["tests_dir"] != TESTS_DIR:  # SWE: the test files overwrite the repository's own
@@ -134,7 +148,7 @@ class AgentTask:
             raise InfraError(f"grading failed in sandbox {getattr(sandbox, 'id', '?')}: {exc}") from exc
         finally:
             pool.checkin(sandbox, broken=broken)
-        return verdict(reports, result.exit_code, result.timed_out, r, refused)
+        return verdict(reports, result.exit_code, result.timed_out, r, refused, canaries)
 
 
 @hookimpl

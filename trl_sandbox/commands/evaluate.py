@@ -335,6 +335,10 @@ def _score(args: argparse.Namespace, completions: list[Any], rows: list[dict[str
     try:
         with SandboxPool.open(args.provider, size=args.pool_size, settings=_settings(args.setting),
                               made_by="evaluate") as pool:
+            if any(row.get(TASK_COLUMN) == "agent" for row in rows):
+                from trl_sandbox.agents.task import check_grades_agent_tasks
+
+                check_grades_agent_tasks(pool.provider, "--tasks")
             return Scorer(pool, scheme=args.scheme).score(completions, rows, on_result=on_result)
     finally:
         if bar is not None:

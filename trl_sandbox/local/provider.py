@@ -146,6 +146,7 @@ class LocalProvider:
 
     name = "local"
     work_dir = "/work"
+    grades_agent_tasks = True  # its supervisor reads a lease's changes and brings the hidden tests
 
     def __init__(
         self,

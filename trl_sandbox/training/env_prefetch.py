@@ -20,9 +20,10 @@ from typing import Any
 
 from torch.utils.data import Sampler
 
+from trl_sandbox.agents.task import check_grades_agent_tasks
 from trl_sandbox.environments.builds import BuildStats
 from trl_sandbox.environments.spec import ENVIRONMENT_COLUMN, EnvironmentSpec, parse
-from trl_sandbox.sandbox import ConfigError
+from trl_sandbox.sandbox import TASK_COLUMN, ConfigError
 from trl_sandbox.training.rank_metrics import RankMetrics
 
 log = logging.getLogger("trl_sandbox")
@@ -63,6 +64,8 @@ def check_environments(dataset: Any, provider: Any, name: str = "train_dataset")
         specs.append(parsed[text])
     if all(s is None for s in specs):
         return None
+    if TASK_COLUMN in columns and "agent" in set(dataset[TASK_COLUMN]):
+        check_grades_agent_tasks(provider, name)  # before the next check: the more useful message
     if not callable(getattr(provider, "prepare_environment", None)):
         raise ConfigError(
             f"{name} has rows with an 'environment' column, which the {getattr(provider, 'name', '?')!r} provider "
