@@ -215,3 +215,17 @@ def test_evaluate_scores_bash_samples_on_harbor_task_directories(tmp_path, capsy
     capsys.readouterr()
     assert main(["evaluate", str(samples), "--tasks", str(tasks), "--image-map", "ubuntu:22.04=host"]) == 2
     assert "not in the image map; pass --image-map" in capsys.readouterr().err
+
+
+def test_an_agent_that_stalls_past_the_reward_deadline_gets_its_verdict_not_none(pool, rows, monkeypatch):
+    """A reward call's deadline shorter than an agent's own time budget would let a sample that only
+    stalls score ``None`` (left out of its group) instead of its failure: the call waits for every
+    agent sample's verdict. Control: held to the bare deadline, the stalling sample scores infra."""
+    row = {**rows["error-digest"], "agent_timeout": 3, "verify_timeout": 30}
+    scorer = Scorer(pool, cache_size=0)
+    stalled, honest = pool.loop.run(scorer.ascore(["sleep 60", row["solution"]], [row, row], deadline_s=1.0))[0]
+    assert stalled.status in ("failed", "timeout") and stalled.reward is not None, stalled.detail
+    assert honest.status == "passed", honest.detail
+    monkeypatch.setattr(Scorer, "_agent_deadline", lambda self, rows: 0.0)
+    [held] = pool.loop.run(scorer.ascore(["sleep 60"], [row], deadline_s=1.0))[0]
+    assert held.status == "infra" and held.reward is None, held.detail

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import os
 import pickle
 import sys
@@ -30,6 +31,7 @@ from trl_sandbox.scoring.schemes import RewardScheme, get_scheme
 from trl_sandbox.tasks.resolve import resolve_task
 
 NONCE_BYTES = 16
+AGENT_MARGIN_S = 60.0  # an agent sample's two leases and its changes, beyond its row's own time budgets
 
 
 @dataclass
@@ -249,6 +251,7 @@ class Scorer:
         by_key: dict[str, tuple[Program, list[int]]] = {}
         rows_for_score: list[Mapping[str, Any]] = list(rows)
         agents: list[asyncio.Future] = []
+        agent_rows: list[int] = []
 
         def final(i: int, outcome: Outcome) -> Outcome:
             # The reward comes from the whole outcome; only then is its detail clipped, so that
@@ -270,6 +273,7 @@ class Scorer:
                 row = rows_for_score[i] = {**row, "timeout": self.timeout}
             task = tasks[i] = resolve_task(row)
             if callable(getattr(task, "arun", None)):  # an agent task: actions, then its own grading
+                agent_rows.append(i)
                 agents.append(asyncio.ensure_future(self._run_agent(task, i, completion_text(completion), row, finish)))
                 continue
             built = build_guarded(task, completion_text(completion), row)
@@ -340,6 +344,8 @@ class Scorer:
                 finish(i, outcome)
 
         jobs = [asyncio.ensure_future(run_one(k, p, idx)) for k, (p, idx) in by_key.items()] + agents
+        if agents and deadline_s is not None:
+            deadline_s = max(deadline_s, self._agent_deadline([rows_for_score[i] for i in agent_rows]))
         if jobs:
             done, pending = await asyncio.wait(jobs, timeout=deadline_s)
             for job in pending:
@@ -358,6 +364,14 @@ class Scorer:
     def close(self) -> None:
         """Stop the scoring thread (it also ends by itself at exit)."""
         self._executor.shutdown(wait=False)
+
+    def _agent_deadline(self, rows: Sequence[Mapping[str, Any]]) -> float:
+        """Time enough for every agent sample to get its own verdict, the pool running them one
+        wave after another: otherwise an agent that only stalls until the call's deadline would
+        score ``None`` (left out of the group) instead of its failure."""
+        budget = max(float(row.get("agent_timeout") or 600) + float(row.get("verify_timeout") or 600) for row in rows)
+        waves = math.ceil(len(rows) / max(1, int(getattr(self.pool, "size", 1) or 1)))
+        return waves * (budget + AGENT_MARGIN_S)
 
     async def _run_agent(self, task: Any, i: int, completion: str, row: Mapping[str, Any],
                          finish: Callable[[int, Outcome], None]) -> None:
