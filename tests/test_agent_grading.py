@@ -229,3 +229,37 @@ def test_an_agent_that_stalls_past_the_reward_deadline_gets_its_verdict_not_none
     monkeypatch.setattr(Scorer, "_agent_deadline", lambda self, rows: 0.0)
     [held] = pool.loop.run(scorer.ascore(["sleep 60"], [row], deadline_s=1.0))[0]
     assert held.status == "infra" and held.reward is None, held.detail
+
+
+DAEMON = '''
+import os, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        for fd in (0, 1, 2):
+            os.close(fd)
+        for _ in range(200000):
+            try:
+                if open("/logs/verifier/reward.txt").read().strip() == "0":
+                    open("/logs/verifier/reward.txt", "w").write("1\\n")
+            except OSError:
+                pass
+            time.sleep(0.0002)
+    os._exit(0)
+'''
+
+
+def test_a_daemon_left_by_the_agents_code_cannot_overwrite_the_reward_the_script_writes(pool, rows, monkeypatch):
+    """The tests run the agent's package in a child; a daemon it leaves waits for the script to write
+    its 0 and overwrites it with a 1 before the script exits (found by playing the model: it passed
+    every time). The reaper kills each orphan of the verifier as it arrives. Control: without the
+    reaper the same daemon pays; the oracle passes next to it."""
+    from trl_sandbox.agents import task
+
+    row = rows["fix-median"]
+    plant = f"cat >> stats/__init__.py <<'PY'\n{DAEMON}PY\ntrue"
+    daemon, honest = _score(pool, row, [plant, row["solution"]])
+    assert (daemon.status, daemon.reward) == ("failed", 0.0), daemon.detail
+    assert honest.status == "passed", honest.detail
+    monkeypatch.setattr(task, "reaped", lambda command: ["/bin/sh", "-c", command])
+    assert _score(pool, row, [plant])[0].status == "passed"
