@@ -249,17 +249,23 @@ if os.fork() == 0:
 '''
 
 
-def test_a_daemon_left_by_the_agents_code_cannot_overwrite_the_reward_the_script_writes(pool, rows, monkeypatch):
+@pytest.mark.parametrize("first", ["", "import signal\ntry:\n    os.kill(1, signal.SIGSTOP)\nexcept OSError:\n    pass\n"])
+def test_a_daemon_left_by_the_agents_code_cannot_overwrite_the_reward_the_script_writes(pool, rows, monkeypatch, first):
     """The tests run the agent's package in a child; a daemon it leaves waits for the script to write
     its 0 and overwrites it with a 1 before the script exits (found by playing the model: it passed
-    every time). The reaper kills each orphan of the verifier as it arrives. Control: without the
-    reaper the same daemon pays; the oracle passes next to it."""
-    from trl_sandbox.agents import task
+    every time). The supervisor, the namespace's init (which a SIGSTOP from inside cannot stop),
+    kills each orphan of the verifier as it arrives. Control: without that, the same daemon pays;
+    the oracle passes next to it."""
+    from trl_sandbox.local.agent_ops import AgentGrading
 
     row = rows["fix-median"]
-    plant = f"cat >> stats/__init__.py <<'PY'\n{DAEMON}PY\ntrue"
+    plant = f"cat >> stats/__init__.py <<'PY'\nimport os\n{first}{DAEMON}PY\ntrue"
     daemon, honest = _score(pool, row, [plant, row["solution"]])
     assert (daemon.status, daemon.reward) == ("failed", 0.0), daemon.detail
     assert honest.status == "passed", honest.detail
-    monkeypatch.setattr(task, "reaped", lambda command: ["/bin/sh", "-c", command])
+
+    async def unguarded(self, command, *, timeout, env):
+        return await self.exec(["/bin/sh", "-c", command], timeout=timeout, env=env)
+
+    monkeypatch.setattr(AgentGrading, "run_verifier", unguarded)
     assert _score(pool, row, [plant])[0].status == "passed"

@@ -21,7 +21,6 @@ from typing import Any
 from trl_sandbox.agents.canary import plant
 from trl_sandbox.agents.columns import TESTS_DIR, row_of
 from trl_sandbox.agents.grading import JUNIT, VERIFY_ENV, carried, verdict
-from trl_sandbox.agents.reaper import CANNOT_GUARD, MARKER, reaped
 from trl_sandbox.environments.spec import parse
 from trl_sandbox.local.agent_ops import ChangesTooLarge
 from trl_sandbox.plugins.hookspecs import hookimpl
@@ -140,9 +139,7 @@ class AgentTask:
             await sandbox.use_environment(prepared)
             await sandbox.apply_changes(kept + in_tree)
             await sandbox.bring_tests(tests)
-            result = await sandbox.exec(reaped(r["verify"]), timeout=r["verify_timeout"], env=env)
-            if result.exit_code == CANNOT_GUARD and MARKER in (result.stderr or ""):
-                raise InfraError(f"sandbox {getattr(sandbox, 'id', '?')}: {MARKER} (the verifier was not run)")
+            result = await sandbox.run_verifier(r["verify"], timeout=r["verify_timeout"], env=env)
             reports = await sandbox.verifier_reports()
             broken = False
         except InfraError:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import marshal
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
 from trl_sandbox.local.supervisor import protocol as _proto
 
@@ -28,6 +29,13 @@ class AgentGrading:
     """Mixed into ``LocalSandbox``, whose ``_simple`` sends one request and reads its answer."""
 
     _simple: Callable[..., Awaitable[tuple[int, int, bytes]]]
+    exec: Callable[..., Awaitable[Any]]
+
+    async def run_verifier(self, command: str, *, timeout: float, env: Mapping[str, str]) -> Any:
+        """The verifier's command, every process it orphans killed at once by the supervisor (the
+        namespace's init): a daemon left by the agent's code, run by the tests in a child, could
+        otherwise overwrite the script's reward file after its last write."""
+        return await self.exec(["/bin/sh", "-c", command], timeout=timeout, env=env, orphans_die=True)
 
     async def environment_changes(self, max_bytes: int = 64 << 20, max_entries: int = 20_000) -> list[Change]:
         try:

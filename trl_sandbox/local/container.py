@@ -280,7 +280,10 @@ class LocalSandbox(AgentGrading):
         timeout: float,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
+        orphans_die: bool = False,
     ) -> ExecResult:
+        """``orphans_die``: every process the program orphans is killed within a millisecond
+        (``run_verifier``); otherwise they live until the program ends."""
         argv, stdin = exec_arguments(argv, stdin, timeout, allow_empty=True)  # the supervisor answers 127
         # A warm program's source travels as its token. A caller's argument that starts with a NUL
         # (never a valid argument, and maybe a token) travels as a bare NUL: it cannot name one.
@@ -290,6 +293,8 @@ class LocalSandbox(AgentGrading):
             env = {str(k): str(v) for k, v in env.items()}
         stdin = stdin or b""
         request = (_proto.OP_EXEC, argv, len(stdin), float(timeout), cwd, env or None)
+        if orphans_die:
+            request += (True,)
         async with self._lock:
             self._check()
             started = time.monotonic()

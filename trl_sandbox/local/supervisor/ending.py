@@ -39,6 +39,31 @@ def kill_all():
     return True
 
 
+def kill_orphans(main):
+    """SIGKILL (and reap) every child of ours but ``main``. We are the namespace's init, so every
+    process whose parent ended is our child: the orphans of a program that ``main`` runs."""
+    me = os.getpid()
+    try:  # the kernel's list of our children (CONFIG_PROC_CHILDREN): one read
+        with open(f"/proc/{me}/task/{me}/children", "rb") as f:
+            pids = [int(p) for p in f.read().split()]
+    except OSError:
+        pids = []
+        for name in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    if name.isdigit() and int(f.read().rsplit(b")", 1)[1].split()[1]) == me:
+                        pids.append(int(name))
+            except (OSError, IndexError, ValueError):
+                continue
+    for pid in pids:
+        if pid != main:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, os.WNOHANG)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+
+
 def drain_wakeups():
     try:
         while os.read(S.WAKE_R, 512):

@@ -25,7 +25,7 @@ from . import resident
 from . import state as S
 from .budget import Budget, children_cpu_s
 from .child import EXIT_NOT_FOUND
-from .ending import drain_wakeups, kill_all, outcome
+from .ending import drain_wakeups, kill_all, kill_orphans, outcome
 from .files import read_regular
 from .output import Output
 from .protocol import F_OOM, K_RESULT, read_fd, receive_stdin, reply
@@ -148,9 +148,13 @@ def compiled(source, filename):
     return code
 
 
+ORPHAN_POLL_S = 0.001
+
+
 def do_exec(request):
     """Run one exec. Returns None in the supervisor, and the job to run in the forked child."""
-    _, argv, stdin_len, timeout, cwd, env = request
+    _, argv, stdin_len, timeout, cwd, env = request[:6]
+    orphans_die = len(request) > 6 and bool(request[6])  # see wait_child
     # The raw stdin frame follows the request: take it off the channel before anything else.
     stdin_fd = receive_stdin(stdin_len) if stdin_len else S.DEVNULL
     if not argv:
@@ -199,7 +203,7 @@ def do_exec(request):
     except OSError:
         pass  # it already did so itself (and maybe exec'ed)
     budget = Budget(start, timeout, children_cpu)
-    status, timed_out, out = wait_child(pid, budget, out_r, err_r)
+    status, timed_out, out = wait_child(pid, budget, out_r, err_r, orphans_die)
     duration = time.monotonic() - start
     flags, exit_code = outcome(status, timed_out, budget, out)
     oom = status_page[0] == 1
@@ -211,8 +215,13 @@ def do_exec(request):
     return None
 
 
-def wait_child(pid, budget, out_r, err_r):
+def wait_child(pid, budget, out_r, err_r, orphans_die=False):
     """Collect output until the child has exited and the pipes are closed, or its time is up.
+
+    With ``orphans_die`` (an agent task's verifier), every process the program orphans is killed
+    within ``ORPHAN_POLL_S`` of its orphaning: a daemon left by code the verifier ran cannot wait
+    for the verifier's last write and overwrite it. We are the namespace's init, so no process of
+    the program can stop or kill us to delay this.
 
     Returns ``(status, timed_out, output)``.
     """
@@ -236,6 +245,9 @@ def wait_child(pid, budget, out_r, err_r):
                         status = os.waitpid(pid, 0)[1]
                     poller.unregister(watch)
                     continue
+                if orphans_die:
+                    kill_orphans(pid)
+                    remaining = min(remaining, ORPHAN_POLL_S)
                 events = poller.poll(remaining * 1000.0)
             else:
                 events = poller.poll(1000.0)
