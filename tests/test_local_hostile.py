@@ -701,3 +701,74 @@ def test_forgeries_from_the_agents_imported_code_fail_never_pass_nor_none(agent_
     assert verdict({"reward.txt": b"1\n"}, -9, False, row).status == "failed"
     assert verdict({"reward.json": b'{"reward": 1}'}, 0, False, row).status == "passed"
     assert verdict({"reward.json": b'{"reward": true}'}, 0, False, row).status == "failed"
+
+
+# Found by a blind review of agent grading: code of the agent's that the verifier runs put a link in
+# reward.txt's place (the script wrote its 0 through it and the grade fell back to the exit status),
+# rewrote the script's memory through /proc/<pid>/mem (it wrote a 1 and made bash exit 0), or the
+# agent left a path too long to write into the fresh copy (which scored None).
+REWARD_LINK = ("import os\ntry:\n    os.unlink('/logs/verifier/reward.txt')\nexcept OSError:\n    pass\n"
+               "os.symlink('/dev/null', '/logs/verifier/reward.txt')\n")
+REWARD_JSON = "import os\nos.makedirs('/logs/verifier', exist_ok=True)\nopen('/logs/verifier/reward.json', 'w').write('{\"reward\": 1}')\n"
+PATCH_PARENT = """import os
+def _patch(pid):
+    pc = int(open(f"/proc/{pid}/syscall").read().split()[-1], 16)
+    fd = os.open(f"/proc/{pid}/mem", os.O_RDWR)
+    os.lseek(fd, pc, 0)
+    os.write(fd, bytes([0xb8, 0xe7, 0, 0, 0, 0x31, 0xff, 0x0f, 0x05]))  # exit_group(0)
+    os.close(fd)
+"""
+PATCH_ANCESTORS = PATCH_PARENT + """try:
+    open('/logs/verifier/reward.txt', 'w').write('1\\n')
+    pid = os.getppid()
+    while pid > 1:
+        ppid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+        try:
+            _patch(pid)
+        except OSError:
+            pass
+        pid = ppid
+except OSError:
+    pass
+"""
+
+
+@pytest.mark.parametrize("forgery", ["a link in reward.txt's place", "a reward.json beside the script's reward.txt",
+                                     "the script's memory rewritten"])
+def test_the_agents_code_in_the_verifier_cannot_swap_the_report_or_rewrite_the_script(agent_pool, forgery):
+    from trl_sandbox.agents.grading import verdict
+    from trl_sandbox.scoring.scorer import Scorer
+
+    code = {"a link in reward.txt's place": REWARD_LINK, "a reward.json beside the script's reward.txt": REWARD_JSON,
+            "the script's memory rewritten": PATCH_ANCESTORS}[forgery]
+    row = _agent_row("fix-median")  # the bug stays; the judge's child imports stats
+    plant = f"cat >> stats/__init__.py <<'PY'\n{code}PY\ntrue"
+    hostile, honest = Scorer(agent_pool, cache_size=0).score([plant, row["solution"]], [row, row])
+    assert (hostile.status, hostile.reward) == ("failed", 0.0), hostile.detail
+    assert honest.status == "passed", honest.detail  # the control, in the same pool
+    # Controls: what each forgery aimed at. The exit status alone would pass; both files at 1 pass.
+    assert verdict({"reward.txt": None}, 0, False, {**row, "parser": "exit_code"}).status == "passed"
+    assert verdict({"reward.txt": None}, 0, False, row).status == "failed"
+    assert verdict({"reward.txt": b"0\n", "reward.json": b'{"reward": 1}'}, 0, False, row).status == "failed"
+    assert verdict({"reward.txt": b"1\n", "reward.json": b'{"reward": 1}'}, 0, False, row).status == "passed"
+
+
+def test_outside_a_verifier_a_process_can_rewrite_its_parents_memory(agent_pool):
+    """The control for the memory forgery above: the primitive works in an ordinary program (its
+    /proc is writable), so only the verifier's read-only /proc stopped it."""
+    program = PATCH_PARENT + "import sys, time\nif os.fork() == 0:\n    time.sleep(0.3)\n    _patch(os.getppid())\n" \
+                             "    os._exit(0)\ntime.sleep(5)\nsys.exit(3)\n"
+    result = agent_pool.run(["python3", "-c", program], timeout=20)
+    assert result.exit_code == 0, (result.exit_code, result.stderr)  # patched: it never reached sys.exit(3)
+
+
+@pytest.mark.parametrize("levels", [17, 11])
+def test_a_path_too_long_to_carry_is_a_verdict_not_infra(agent_pool, levels):
+    from trl_sandbox.scoring.scorer import Scorer
+
+    row = _agent_row("error-digest")
+    deep = f"d=.; for i in $(seq 1 {levels}); do d=$d/$(printf 'b%.0s' $(seq 1 250)); done; mkdir -p $d && : > $d/f; true"
+    hostile, honest = Scorer(agent_pool, cache_size=0).score([deep, row["solution"]], [row, row])
+    assert (hostile.status, hostile.reward) == ("failed", 0.0), hostile.detail
+    assert ("too long to carry" in hostile.detail) == (levels == 17), hostile.detail  # control: 11 levels carry
+    assert honest.status == "passed", honest.detail

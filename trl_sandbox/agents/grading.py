@@ -9,8 +9,9 @@ environment of the prepared tree, nor a symlink that leaves the tree. They are w
 fresh copy of the same prepared environment in another lease; the hidden tests arrive from the
 host, read-only at ``/tests``, with an empty ``/logs/verifier``; the verifier runs with a fresh
 ``HOME`` and no user site directory; its verdict is read by the supervisor once every process has
-ended: the expected test ids all passed in its JUnit report (SWE style), else its reward file
-(``reward.json``'s ``reward``, or ``reward.txt``), else its exit status.
+ended: the expected test ids all passed in its JUnit report (``parser: pytest``), its reward
+files (``reward.json``'s ``reward``, ``reward.txt``'s number; the lower of the two; none is a
+failure) or its exit status (``parser: exit_code``).
 
 What remains possible: the tests import the agent's code, which then runs inside the verifier and
 can write the reward file or the report itself (a blanket ``os._exit(0)`` reports nothing, which
@@ -49,6 +50,9 @@ RUNNER_MODULES = frozenset({"pytest", "_pytest", "pluggy", "py", "iniconfig", "p
                             "_distutils_hack", "exceptiongroup", "tomli"})
 SHADOWED = frozenset(sys.stdlib_module_names) | RUNNER_MODULES
 VERIFY_ENV = {"HOME": "/tmp", "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+# Longer paths (relative to the working directory) are not carried: with the working directory in
+# front they could pass the kernel's PATH_MAX (4096) when written into the fresh copy.
+MAX_PATH_BYTES = 3000
 JUNIT = "/logs/verifier/junit.xml"  # where a pytest verifier's report goes (PYTEST_ADDOPTS)
 
 
@@ -100,6 +104,10 @@ def carried(changes: Sequence[Change], protected: Sequence[str] = (),
         why = ""
         if _under(path, dropped):
             continue  # inside a refused directory
+        if len(path.encode("utf-8", "surrogateescape")) > MAX_PATH_BYTES:
+            refused.append(f"{path[:60]}...: a path too long to carry")
+            dropped.append(path)
+            continue
         if path in above and kind == "o":  # its own files, over the prepared ones it keeps
             change = (path, "d", change[2], b"")
             refused.append(f"{path}: replaced, but it holds a protected path (kept)")
@@ -171,16 +179,16 @@ def _number(data: bytes, json_file: bool) -> float | None:
     return float(value)
 
 
-def _pytest_verdict(reports: Mapping[str, bytes], expected: list[str], note: str,
+def _pytest_verdict(reports: Mapping[str, bytes | None], expected: list[str], note: str,
                     canaries: Sequence[str] = ()) -> Outcome:
     """Every expected test id passed in the verifier's JUnit report (with none expected: every test
     it ran, at least one), and every planted canary failed (``canary``). A report that never got
     written (``os._exit`` at import) passes nothing."""
     total = max(1, len(expected))
-    if "junit.xml" not in reports:
+    if reports.get("junit.xml") is None:  # none, or not a regular file
         return Outcome("failed", 0, total, detail=f"the verifier reported no tests{note}")
     try:
-        passed, ran, failed = _junit(reports["junit.xml"])
+        passed, ran, failed = _junit(reports["junit.xml"])  # type: ignore[arg-type]
     except ET.ParseError as exc:
         return Outcome("failed", 0, total, detail=f"the verifier's report is not JUnit XML: {exc}{note}")
     why = forged(passed, failed, canaries)
@@ -196,7 +204,7 @@ def _pytest_verdict(reports: Mapping[str, bytes], expected: list[str], note: str
     return Outcome("passed" if len(ok) == len(expected) else "failed", len(ok), len(expected), detail=detail + note)
 
 
-def verdict(reports: Mapping[str, bytes], exit_code: int, timed_out: bool, row: Mapping[str, Any],
+def verdict(reports: Mapping[str, bytes | None], exit_code: int, timed_out: bool, row: Mapping[str, Any],
             refused: Sequence[str] = (), canaries: Sequence[str] = ()) -> Outcome:
     """The outcome from the verifier's own run (see the module docstring)."""
     note = f"; not carried: {', '.join(refused[:5])}" if refused else ""
@@ -214,17 +222,23 @@ def verdict(reports: Mapping[str, bytes], exit_code: int, timed_out: bool, row: 
     if parser == "exit_code":
         return Outcome("passed" if exit_code == 0 else "failed", int(exit_code == 0), 1,
                        detail=f"the verifier exited {exit_code}{note}")
-    value = None
-    if "reward.json" in reports:
-        value = _number(reports["reward.json"], json_file=True)
+    # Harbor: the script writes reward.txt (a number) or reward.json. Code of the agent's that the
+    # tests run can add the other one, or put a link, a directory or a FIFO in a report's place
+    # (which the script then writes through): each is a failure, and with both files the lower
+    # value counts. No reward at all is a failure too, never the exit status (which such code can
+    # also make 0).
+    values = []
+    for name in ("reward.json", "reward.txt"):
+        if name not in reports:
+            continue
+        if reports[name] is None:
+            return Outcome("failed", 0, 1, detail=f"{name} is not a regular file{note}")
+        value = _number(reports[name], json_file=name.endswith(".json"))
         if value is None:
-            return Outcome("failed", 0, 1, detail=f"reward.json holds no reward{note}")
-    elif "reward.txt" in reports:
-        value = _number(reports["reward.txt"], json_file=False)
-        if value is None:
-            return Outcome("failed", 0, 1, detail=f"reward.txt holds no number{note}")
-    if value is not None:
-        status = "passed" if value >= 1.0 else "failed"
-        return Outcome(status, int(value >= 1.0), 1, detail=f"the verifier's reward: {value:g}{note}")
-    status = "passed" if exit_code == 0 else "failed"
-    return Outcome(status, int(exit_code == 0), 1, detail=f"the verifier exited {exit_code}{note}")
+            return Outcome("failed", 0, 1, detail=f"{name} holds no {'reward' if name.endswith('.json') else 'number'}{note}")
+        values.append(value)
+    if not values:
+        return Outcome("failed", 0, 1, detail=f"the verifier wrote no reward file (exit status {exit_code}){note}")
+    value = min(values)
+    status = "passed" if value >= 1.0 else "failed"
+    return Outcome(status, int(value >= 1.0), 1, detail=f"the verifier's reward: {value:g}{note}")

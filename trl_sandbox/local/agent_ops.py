@@ -52,6 +52,6 @@ class AgentGrading:
     async def bring_tests(self, files: Mapping[str, bytes]) -> None:
         await self._simple((_proto.OP_TESTS, {str(k): bytes(v) for k, v in files.items()}), timeout=60.0)
 
-    async def verifier_reports(self) -> dict[str, bytes]:
+    async def verifier_reports(self) -> dict[str, bytes | None]:
         _, _, data = await self._simple((_proto.OP_VERDICT,), timeout=60.0)
         return marshal.loads(data)

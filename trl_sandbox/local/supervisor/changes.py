@@ -191,18 +191,20 @@ def do_tests(request):
 
 
 def do_verdict(request):
-    """``(VERDICT,)``: the verifier's reports under /logs/verifier (regular files only, bounded),
-    read after every process of the sandbox has ended."""
+    """``(VERDICT,)``: the verifier's reports under /logs/verifier (regular files, bounded; ``None``
+    for anything else of a report's name), read after every process of the sandbox has ended."""
     resident.sweep()
     found = {}
     for name in REPORTS:
         try:
             fd = os.open(os.path.join(VERIFIER, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError:
+        except FileNotFoundError:
+            continue
+        except OSError:  # a symlink of that name (ELOOP), or one we may not read: there, but no report
+            found[name] = None
             continue
         try:  # a directory, FIFO or device of that name (the agent's code made it) is no report
-            if stat.S_ISREG(os.fstat(fd).st_mode):
-                found[name] = os.read(fd, REPORT_CAP)
+            found[name] = os.read(fd, REPORT_CAP) if stat.S_ISREG(os.fstat(fd).st_mode) else None
         finally:
             os.close(fd)
     reply(K_DATA, part1=marshal.dumps(found, 4))

@@ -106,6 +106,11 @@ def run_exec_child(job):
     argv = job[2]
     os.setpgid(0, 0)
     child_setup(job)
+    if S.VERIFIER:
+        try:
+            kernel.read_only_proc()
+        except OSError as exc:
+            child_fail(f"cannot give the verifier a read-only /proc: {exc}", EXIT_CANNOT_RUN)
     # Python ignores these two; a program started by execve gets the default dispositions.
     _signal.signal(_signal.SIGPIPE, _signal.SIG_DFL)
     _signal.signal(_signal.SIGXFSZ, _signal.SIG_DFL)

@@ -190,10 +190,12 @@ def do_exec(request):
         hook()
     children_cpu = children_cpu_s()
     start = time.monotonic()
+    S.VERIFIER = orphans_die
     pid = os.fork()
     if pid == 0:
         return (plan, code, argv, cwd, env, stdin_fd, out_w, err_w)
     S.STATUS = None
+    S.VERIFIER = False
     os.close(out_w)
     os.close(err_w)
     if stdin_fd != S.DEVNULL:

@@ -48,6 +48,7 @@ CLONE_NS_FLAGS = 0x7E020000  # NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | N
 # signals, are its own (an orphan's exit signal becomes SIGCHLD to PID 1, which ignores it).
 CLONE_REFUSED = CLONE_NS_FLAGS | g.CLONE_PARENT
 MS_NOSUID, MS_NODEV, MS_NOATIME, MS_REC, MS_PRIVATE = 2, 4, 0x400, 0x4000, 0x40000
+MS_RDONLY, MS_NOEXEC, MS_REMOUNT, MS_BIND = 1, 8, 32, 4096
 MNT_DETACH = 2
 PR_SET_DUMPABLE, PR_SET_NAME, PR_SET_SECCOMP, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 4, 15, 22, 24, 38, 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
@@ -268,6 +269,18 @@ def release_free_heap():
 # -- the scratch mounts ------------------------------------------------------------------------
 
 MOUNTED = set()  # the places where the tmpfs on top is ours (and can be unmounted)
+
+
+def read_only_proc():
+    """A mount namespace of this process's own in which ``/proc`` is read-only: no process of it
+    can write another's memory through ``/proc/<pid>/mem`` (open for writing fails with EROFS).
+    For an agent task's verifier, whose tests may run the agent's code as the same uid as the
+    script that writes the verdict (``ptrace`` and ``process_vm_writev`` are denied anyway). The
+    flags a bind remount must keep (nosuid, nodev, noexec) are the mount's own."""
+    lib = libc()
+    check(lib.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    kept = os.statvfs("/proc").f_flag & (MS_NOSUID | MS_NODEV | MS_NOEXEC)  # ST_* equal MS_* here
+    check(lib.mount(None, b"/proc", None, MS_REMOUNT | MS_BIND | MS_RDONLY | kept, None), "remount /proc read-only")
 
 
 def own_mount_namespace():

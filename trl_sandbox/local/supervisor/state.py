@@ -32,6 +32,9 @@ MEMORY_MODE = "deny"
 # A fresh one-byte shared page per exec (see forkserver.do_exec): 1 when a forked Python child
 # died of an uncaught MemoryError.
 STATUS = None
+# Set for the exec being forked when it is an agent task's verifier (forkserver.do_exec): the
+# child then gets a read-only /proc (kernel.read_only_proc).
+VERIFIER = False
 # Time budgets. "cpu": an exec's timeout is the CPU time its whole process tree may use (however
 # detached), checked when it could first have run out; the wall clock only ends what sleeps or
 # blocks, at WALL_FACTOR x timeout + WALL_MARGIN_S. "wall": the timeout is wall-clock time.
