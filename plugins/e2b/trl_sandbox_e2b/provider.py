@@ -1,0 +1,219 @@
+"""E2B sandboxes through the official ``e2b`` SDK (``AsyncSandbox``, bound by an ``E2B`` client).
+
+What a caller can rely on:
+
+* ``create(spec)``: ``spec.tags`` become E2B metadata (so ``list``/``reap`` find them from any
+  process), ``spec.env`` the sandbox's env vars, ``allow_internet_access = spec.network`` (off by
+  default), and the server-side lifetime is ``spec.lifetime_s`` (E2B's ``timeout``; on its end the
+  sandbox is killed: ``lifecycle={"on_timeout": "kill"}``). A create carries an idempotency key;
+  one whose answer never came (cancelled by the pool's deadline) is found again by its tags and
+  killed by the pool's sweep. CPU and memory belong to the template (E2B's create has no such
+  fields): ``spec.cpus``/``memory_mb`` are not applied, the launcher's rlimits are.
+* exec, files, reset and health: ``sandbox.py`` (every program through the lease launcher).
+* Errors: ``errors.py``. The SDK's own control-plane retries (``retries``, default 0 here) would
+  hide failures inside one attempt of the pool: the pool retries instead, within its budget and
+  through the host-wide limiter (``sandbox_host_create_rate``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import posixpath
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from trl_sandbox import Capabilities, ConfigError, InfraError, SandboxInfo, SandboxSpec
+from trl_sandbox.plugins.settings import flag, number
+from trl_sandbox.remote.environment import PreparesEnvironments
+
+from . import errors
+from .sandbox import E2BSandbox
+
+log = logging.getLogger("trl_sandbox_e2b")
+SNAPSHOT_PREFIX = "e2b-snapshot:"
+
+
+def _sdk() -> Any:
+    try:
+        import e2b
+    except ImportError as exc:  # the distribution depends on it: a broken install
+        raise ConfigError(f"the e2b sandbox provider needs the e2b SDK: pip install trl-sandbox-e2b ({exc})") from None
+    return e2b
+
+
+class E2BProvider(PreparesEnvironments):
+    """E2B sandboxes.
+
+    Settings (``sandbox_provider_settings``; numbers may be given as strings):
+
+    * ``api_key``, ``domain``, ``api_url``, ``sandbox_url``: the SDK's own configuration; unset values
+      come from ``E2B_API_KEY``, ``E2B_DOMAIN``, ``E2B_API_URL``, ``E2B_SANDBOX_URL``.
+    * ``template`` (E2B's ``base`` when unset; ``SandboxSpec.image`` takes precedence): a template
+      whose image has ``python3`` (the lease launcher and the judge need it) and the toolchains the
+      tasks use.
+    * ``user`` (``root``): who runs commands and owns files (the launcher needs root to isolate).
+    * ``work_dir`` (``/tmp/trl-sandbox/work``; ``{id}`` is replaced by the sandbox id), ``rlimits``
+      (apply ``SandboxSpec.limits``; True), ``clean_leases`` (True), ``isolation`` (``auto`` or
+      ``sweep``), ``resident_launcher`` (True).
+    * ``retries`` (the SDK's control-plane retries; 0), ``rate_limit_wait_s`` (the wait after a 429,
+      which the SDK does not pass on; 1.0), ``request_timeout_s`` (30), ``create_timeout_s`` (60),
+      ``max_concurrency`` (None; E2B Hobby allows 20 running sandboxes, Pro 100).
+    """
+
+    name = "e2b"
+    snapshot_prefix = SNAPSHOT_PREFIX
+
+    def __init__(
+        self,
+        api_key: str | None = None,
+        domain: str | None = None,
+        api_url: str | None = None,
+        sandbox_url: str | None = None,
+        *,
+        template: str | None = None,
+        user: str = "root",
+        work_dir: str = "/tmp/trl-sandbox/work",
+        rlimits: bool = True,
+        clean_leases: bool = True,
+        isolation: str = "auto",
+        resident_launcher: bool = True,
+        retries: int = 0,
+        rate_limit_wait_s: float = 1.0,
+        request_timeout_s: float = 30.0,
+        create_timeout_s: float = 60.0,
+        max_concurrency: int | None = None,
+        environment_cache: str | None = None,
+        environment_cache_mb: float = 20_000,
+        environment_layer_mb: int = 1024,
+    ) -> None:
+        _sdk()
+        if not (api_key or os.environ.get("E2B_API_KEY")):
+            raise ConfigError(f"the e2b sandbox provider needs an API key: {errors.KEY_HINT}")
+        if not work_dir.startswith("/") or posixpath.normpath(work_dir) == "/":
+            raise ConfigError(f"e2b provider setting work_dir={work_dir!r} must be an absolute path below /")
+        if isolation not in ("auto", "sweep"):
+            raise ConfigError(f"e2b provider setting isolation={isolation!r} must be auto or sweep")
+        self._params = {k: v for k, v in dict(api_key=api_key, domain=domain, api_url=api_url,
+                                               sandbox_url=sandbox_url).items() if v}
+        self._params["retries"] = number("e2b", "retries", retries, int, 0)
+        self.template = template or None
+        self.user = user or "root"
+        self.work_dir = posixpath.normpath(work_dir)
+        self.rlimits = flag("e2b", "rlimits", rlimits)
+        self.clean_leases = flag("e2b", "clean_leases", clean_leases)
+        self.isolation = isolation
+        self.resident_launcher = flag("e2b", "resident_launcher", resident_launcher)
+        self.rate_limit_wait_s = number("e2b", "rate_limit_wait_s", rate_limit_wait_s, float, 0)
+        self.request_timeout_s = number("e2b", "request_timeout_s", request_timeout_s, float, 0.1)
+        self.create_timeout_s = number("e2b", "create_timeout_s", create_timeout_s, float, 1)
+        self.environment_cache = environment_cache or None
+        self.environment_cache_mb = number("e2b", "environment_cache_mb", environment_cache_mb, float, 1)
+        self.environment_layer_mb = number("e2b", "environment_layer_mb", environment_layer_mb, int, 1)
+        self.capabilities = Capabilities(
+            network_isolation=True, files=True, persistent_state=True, separate_stderr=True,
+            max_concurrency=number("e2b", "max_concurrency", max_concurrency, int, 1), fast_python=False,
+        )
+        self._client: Any = None
+
+    def work_dir_for(self, sandbox_id: str) -> str:
+        return self.work_dir.replace("{id}", sandbox_id)
+
+    def _make_environments(self) -> Any:
+        from .snapshots import environments
+
+        return environments(self, self.environment_cache, self.environment_cache_mb)
+
+    @property
+    def sdk(self) -> Any:
+        """``AsyncSandbox`` bound to this provider's configuration (an ``e2b.E2B`` client)."""
+        if self._client is None:
+            self._client = _sdk().E2B(**self._params)
+        return self._client.AsyncSandbox
+
+    def _template(self, spec: SandboxSpec) -> str | None:
+        image = spec.image or self.template
+        if image and image.startswith(SNAPSHOT_PREFIX):
+            return image[len(SNAPSHOT_PREFIX):]
+        return image
+
+    async def create(self, spec: SandboxSpec) -> E2BSandbox:
+        template = self._template(spec)
+        kwargs: dict[str, Any] = dict(
+            timeout=max(1, math.ceil(spec.lifetime_s)),
+            metadata={str(k): str(v) for k, v in spec.tags.items()},
+            envs={str(k): str(v) for k, v in spec.env.items()} or None,
+            allow_internet_access=bool(spec.network),
+            lifecycle={"on_timeout": "kill"},
+            idempotency_key=str(uuid.uuid4()),
+            request_timeout=self.create_timeout_s,
+        )
+        if template:
+            kwargs["template"] = template
+        try:
+            sdk_sandbox = await self.sdk.create(**kwargs)
+        except Exception as exc:
+            if errors.status_of(exc) == 404 and "template" in str(exc).lower():
+                if template and template.startswith("trl-sandbox-env-") and self._environments is not None:
+                    raise InfraError(f"E2B: snapshot {template} is missing ({exc}); its environment is built "
+                                     "again at its next use") from exc
+                raise errors.unknown_template(template or "base", exc) from exc
+            raise errors.translate(exc, "create", rate_limit_wait_s=self.rate_limit_wait_s) from exc
+        sandbox = E2BSandbox(self, sdk_sandbox, spec)
+        try:
+            await sandbox._prepare()
+        except BaseException:
+            self._kill_later(sandbox.id)
+            raise
+        return sandbox
+
+    def _kill_later(self, sandbox_id: str) -> None:
+        """Kill in the background (safe from a cancelled create); the pool's sweep by tags also finds it."""
+        task = asyncio.get_running_loop().create_task(self._destroy_quietly(sandbox_id))
+        self._cleanups = getattr(self, "_cleanups", set())
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
+
+    async def _destroy_quietly(self, sandbox_id: str) -> None:
+        try:
+            await asyncio.wait_for(self.destroy(sandbox_id), 30)
+        except Exception as exc:
+            log.warning("could not kill E2B sandbox %s (it ends with its lifetime): %r", sandbox_id, exc)
+
+    async def list(self, tags: Mapping[str, str]) -> list[SandboxInfo]:
+        from e2b import SandboxQuery, SandboxState
+
+        query = SandboxQuery(metadata={str(k): str(v) for k, v in tags.items()} or None,
+                             state=[SandboxState.RUNNING, SandboxState.PAUSED])
+        found = []
+        try:
+            pager = self.sdk.list(query=query, limit=100, request_timeout=self.request_timeout_s)
+            while pager.has_next:
+                for info in await pager.next_items():
+                    state = str(getattr(info.state, "value", info.state)).lower()
+                    started = info.started_at.timestamp() if getattr(info, "started_at", None) else None
+                    found.append(SandboxInfo(info.sandbox_id, dict(info.metadata or {}), state, started))
+        except Exception as exc:
+            raise errors.translate(exc, "list", rate_limit_wait_s=self.rate_limit_wait_s) from exc
+        return found
+
+    async def destroy(self, sandbox_id: str) -> None:
+        """Kill a sandbox; one already gone is fine (``kill`` answers False for a 404)."""
+        try:
+            await self.sdk.kill(sandbox_id, request_timeout=self.request_timeout_s)
+        except Exception as exc:
+            if errors.is_gone(exc):
+                return
+            raise errors.translate(exc, f"killing sandbox {sandbox_id}",
+                                   rate_limit_wait_s=self.rate_limit_wait_s) from exc
+
+    async def aclose(self) -> None:
+        if self._environments is not None:
+            self._environments.close()
+        loop = asyncio.get_running_loop()
+        mine = [task for task in getattr(self, "_cleanups", set()) if task.get_loop() is loop]
+        if mine:
+            await asyncio.gather(*mine, return_exceptions=True)
