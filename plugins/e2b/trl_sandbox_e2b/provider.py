@@ -34,7 +34,6 @@ from . import errors
 from .sandbox import E2BSandbox
 
 log = logging.getLogger("trl_sandbox_e2b")
-SNAPSHOT_PREFIX = "e2b-snapshot:"
 
 
 def _sdk() -> Any:
@@ -59,13 +58,14 @@ class E2BProvider(PreparesEnvironments):
     * ``work_dir`` (``/tmp/trl-sandbox/work``; ``{id}`` is replaced by the sandbox id), ``rlimits``
       (apply ``SandboxSpec.limits``; True), ``clean_leases`` (True), ``isolation`` (``auto`` or
       ``sweep``), ``resident_launcher`` (True).
+    * Prepared environments (``snapshots.py``): ``environment_cache`` (the on-disk registry's
+      directory), ``environment_cache_mb``, ``environment_layer_mb``, ``snapshot_timeout_s`` (600).
     * ``retries`` (the SDK's control-plane retries; 0), ``rate_limit_wait_s`` (the wait after a 429,
       which the SDK does not pass on; 1.0), ``request_timeout_s`` (30), ``create_timeout_s`` (60),
       ``max_concurrency`` (None; E2B Hobby allows 20 running sandboxes, Pro 100).
     """
 
     name = "e2b"
-    snapshot_prefix = SNAPSHOT_PREFIX
 
     def __init__(
         self,
@@ -89,6 +89,7 @@ class E2BProvider(PreparesEnvironments):
         environment_cache: str | None = None,
         environment_cache_mb: float = 20_000,
         environment_layer_mb: int = 1024,
+        snapshot_timeout_s: float = 600.0,
     ) -> None:
         _sdk()
         if not (api_key or os.environ.get("E2B_API_KEY")):
@@ -113,6 +114,7 @@ class E2BProvider(PreparesEnvironments):
         self.environment_cache = environment_cache or None
         self.environment_cache_mb = number("e2b", "environment_cache_mb", environment_cache_mb, float, 1)
         self.environment_layer_mb = number("e2b", "environment_layer_mb", environment_layer_mb, int, 1)
+        self.snapshot_timeout_s = number("e2b", "snapshot_timeout_s", snapshot_timeout_s, float, 0.1)
         self.capabilities = Capabilities(
             network_isolation=True, files=True, persistent_state=True, separate_stderr=True,
             max_concurrency=number("e2b", "max_concurrency", max_concurrency, int, 1), fast_python=False,
@@ -135,10 +137,14 @@ class E2BProvider(PreparesEnvironments):
         return self._client.AsyncSandbox
 
     def _template(self, spec: SandboxSpec) -> str | None:
-        image = spec.image or self.template
-        if image and image.startswith(SNAPSHOT_PREFIX):
-            return image[len(SNAPSHOT_PREFIX):]
-        return image
+        return spec.image or self.template
+
+    def from_environment(self, spec: SandboxSpec) -> bool:
+        """Whether ``spec`` boots one of our environments' snapshots (its pristine tree is kept, hidden)."""
+        from .snapshots import is_snapshot
+
+        image = spec.image or ""
+        return is_snapshot(image) or (self._environments is not None and image in self._environments.images)
 
     async def create(self, spec: SandboxSpec) -> E2BSandbox:
         template = self._template(spec)
@@ -157,7 +163,9 @@ class E2BProvider(PreparesEnvironments):
             sdk_sandbox = await self.sdk.create(**kwargs)
         except Exception as exc:
             if errors.status_of(exc) == 404 and "template" in str(exc).lower():
-                if template and template.startswith("trl-sandbox-env-") and self._environments is not None:
+                if self.from_environment(spec):  # one of our snapshots: its key goes back to the cold path
+                    if self._environments is not None:
+                        self._environments.stale(template or "")
                     raise InfraError(f"E2B: snapshot {template} is missing ({exc}); its environment is built "
                                      "again at its next use") from exc
                 raise errors.unknown_template(template or "base", exc) from exc

@@ -64,7 +64,7 @@ class E2BSandbox:
         self.work_dir = provider.work_dir_for(self.id)
         self.limits: ResourceLimits = spec.limits
         self.network = bool(spec.network)  # without it, each program gets a network namespace of its own
-        self.from_environment = str(spec.image or "").startswith(provider.snapshot_prefix)
+        self.from_environment = provider.from_environment(spec)
         self.lease: Lease | None = None
         self._busy = 0
         self._provider = provider

@@ -17,6 +17,7 @@ vanish)`` turns on seeded random faults on creates and execs (503, 502, 429 or a
 connection with probability ``transient``; a vanished sandbox with ``vanish``); ``latency``
 (route -> seconds) delays answers; ``max_sandboxes`` caps the running ones (429 past it, as a plan's
 concurrency limit). ``created_metadata`` records the metadata of every sandbox ever created.
+``snapshot_store`` holds the snapshots (``snapshots.py``), with its own faults.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from trl_sandbox.remote.fake_container import FakeContainer
 
 from .envd import make_app
 from .server import Handler, Server
+from .snapshots import SnapshotStore
 
 API_KEY = "e2b_fake_key"
 #: What the fake implements: stdin closing (0.5.2) and octet-stream uploads (0.5.7).
@@ -73,7 +75,7 @@ class FakeE2B:
         self.page_size = page_size
         self.envd_version = ENVD_VERSION
         self.templates = {"base"}
-        self.snapshots: dict[str, bytes] = {}
+        self.snapshot_store = SnapshotStore()
         self.sandboxes: dict[str, FakeSandbox] = {}
         self.killed: list[str] = []
         self.idempotent: dict[str, str] = {}
@@ -211,10 +213,10 @@ class FakeE2B:
 
     # -- sandboxes -------------------------------------------------------------------------------
 
-    def make_sandbox(self, template: str, request: dict) -> FakeSandbox:
+    def make_sandbox(self, template: str, request: dict, snapshot: bytes | None = None) -> FakeSandbox:
         container = FakeContainer()
-        if template in self.snapshots:  # the snapshot's file system state
-            subprocess.run(container.argv(["tar", "-C", "/var/tmp", "-xf", "-"]), input=self.snapshots[template],
+        if snapshot is not None:  # the snapshot's file system state
+            subprocess.run(container.argv(["tar", "-C", "/var/tmp", "-xf", "-"]), input=snapshot,
                            check=True, env=container.env, capture_output=True, timeout=60)
         with self.lock:
             sandbox_id = f"i{next(self._ids)}{uuid.uuid4().hex[:12]}"
@@ -228,17 +230,6 @@ class FakeE2B:
             self.created_metadata.append(dict(sandbox.metadata))
             self.create_requests.append(dict(request))
         return sandbox
-
-    def snapshot(self, sandbox: FakeSandbox, name: str | None) -> str:
-        """A snapshot of a fake sandbox: a tarball of its ``/var/tmp`` (its lasting writable place
-        besides ``/tmp``), unpacked into each sandbox created from it."""
-        container = sandbox.container
-        data = subprocess.run(container.argv(["tar", "-C", "/var/tmp", "-cf", "-", "."]), env=container.env,
-                              capture_output=True, check=True, timeout=120).stdout
-        ref = name or f"snap-{uuid.uuid4().hex[:10]}"
-        with self.lock:
-            self.snapshots[ref] = data
-        return ref
 
     def _end(self, sandbox: FakeSandbox) -> None:
         """The sandbox is gone: its container, and every process in it, with it."""

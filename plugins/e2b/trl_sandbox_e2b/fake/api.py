@@ -4,8 +4,7 @@
 past ``max_sandboxes`` running), ``GET /v2/sandboxes`` (``metadata`` filter, ``state``, paged by
 ``x-next-token``), ``GET``/``DELETE /sandboxes/{id}``, ``POST /sandboxes/{id}/timeout`` (a new end
 of life counted from now), ``POST /v2/sandboxes/{id}/connect``, and the snapshot routes
-(``POST /sandboxes/{id}/snapshots``, ``GET``/``DELETE /snapshots/{id}``) whose snapshot is a
-template a later create may name. Errors are E2B's JSON ``{code, message}``.
+(``snapshots.py``), whose snapshot is a template a later create may name. Errors are E2B's JSON ``{code, message}``.
 """
 
 from __future__ import annotations
@@ -17,7 +16,9 @@ from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-_ID = re.compile(r"^/(?:v2/)?(?:sandboxes|snapshots)/([^/]+)")
+from . import snapshots
+
+_ID = re.compile(r"^/(?:v2/)?(?:sandboxes|templates)/([^/]+)")
 
 
 def path_id(path: str) -> str | None:
@@ -36,8 +37,10 @@ def route(method: str, path: str) -> str:
             return {"GET": "get", "DELETE": "kill"}.get(method, "unknown")
         if len(parts) == 3 and method == "POST":
             return {"timeout": "set_timeout", "connect": "connect", "snapshots": "snapshot"}.get(parts[2], "unknown")
-    if parts[:1] == ["snapshots"] and len(parts) == 2:
-        return {"GET": "snapshot_get", "DELETE": "snapshot_delete"}.get(method, "unknown")
+    if parts == ["snapshots"] and method == "GET":
+        return "snapshot_list"
+    if parts[:1] == ["templates"] and len(parts) == 2 and method == "DELETE":
+        return "snapshot_delete"
     return "unknown"
 
 
@@ -64,15 +67,10 @@ def handle(handler: Any, name: str, path: str, body: bytes) -> None:
         return _create(handler, request)
     if name == "list":
         return _list(handler)
-    if name in ("snapshot_get", "snapshot_delete"):
-        ref = path_id(path) or ""
-        with fake.lock:
-            snap = fake.snapshots.get(ref)
-            if snap is not None and name == "snapshot_delete":
-                del fake.snapshots[ref]
-        if snap is None:
-            return handler.error(404, f"snapshot '{ref}' not found")
-        return handler.send(204) if name == "snapshot_delete" else handler.send(200, {"snapshotID": ref})
+    if name == "snapshot_list":
+        return snapshots.listing(handler)
+    if name == "snapshot_delete":
+        return snapshots.delete(handler, path_id(path) or "")
     sandbox_id = path_id(path) or ""
     sandbox = fake.running(sandbox_id)
     if sandbox is None:
@@ -87,8 +85,7 @@ def handle(handler: Any, name: str, path: str, body: bytes) -> None:
             sandbox.end_at = time.time() + float(request["timeout"])
         return handler.send(204) if name == "set_timeout" else handler.send(200, dto(sandbox))
     if name == "snapshot":
-        snap = fake.snapshot(sandbox, request.get("name"))
-        return handler.send(201, {"snapshotID": snap, "names": [snap]})
+        return snapshots.take(handler, sandbox, request)
     return handler.error(404, f"no route for {path}")
 
 
@@ -100,12 +97,13 @@ def _create(handler: Any, request: dict) -> None:
     if known is not None and fake.running(known) is not None:
         return handler.send(201, dto(fake.running(known)))
     template = request.get("templateID") or "base"
-    if template not in fake.templates and template not in fake.snapshots:
+    snap = fake.snapshot_store.find(template)
+    if template not in fake.templates and (snap is None or snap.boot404 or snap.pending):
         return handler.error(404, f"template '{template}' not found")
     if fake.max_sandboxes is not None and len(fake.live()) >= fake.max_sandboxes:
         return handler.error(429, f"You have reached the maximum number of concurrent E2B sandboxes "
                                   f"({fake.max_sandboxes})")
-    sandbox = fake.make_sandbox(template, request)
+    sandbox = fake.make_sandbox(template, request, snap.data if snap is not None else None)
     if key:
         with fake.lock:
             fake.idempotent[key] = sandbox.id
