@@ -202,3 +202,49 @@ def test_a_judge_sized_stdin_rides_in_the_exec_without_an_upload(fake, provider)
     small_calls, large_calls = run(closing(p, go()))
     assert small_calls == (1, 0, hashlib.sha256(small).hexdigest() + "\n")
     assert large_calls == (1, 1, hashlib.sha256(large).hexdigest() + "\n")
+
+
+# -- creates whose answer never came ------------------------------------------------------------------
+
+
+def test_a_create_that_times_out_after_the_sandbox_exists_is_killed(fake, provider):
+    """E2B made the sandbox but answered after ``create_timeout_s``: the provider asks again with
+    the same idempotency key and kills what it gets back, so nothing waits for its lifetime."""
+    from trl_sandbox import InfraError
+
+    p = provider(create_timeout_s=1)
+    fake.stall_next_creates(1, 3.0)
+    with pytest.raises(InfraError, match="timed out"):
+        run(closing(p, p.create(SandboxSpec(tags=TAGS))))  # closing waits for the recovery
+    assert len(fake.created_metadata) == 1  # the same sandbox came back, no second one was made
+    assert fake.live() == [] and len(fake.killed) == 1
+
+
+def test_a_create_abandoned_by_the_pool_deadline_is_killed(fake, provider):
+    from dataclasses import replace
+
+    from trl_sandbox.pool.sandbox_pool import SandboxPool
+
+    fake.stall_next_creates(1, 3.0)
+    settings = replace(testing.FAST, create_timeout_s=1.5)
+    with SandboxPool.open(provider(create_timeout_s=60), size=1, spec=SandboxSpec(tags=TAGS),
+                          pool_settings=settings) as pool:
+        assert pool.run(["echo", "ok"], timeout=5).stdout == "ok\n"
+    assert fake.live() == []
+    assert len(fake.created_metadata) == 2  # the abandoned one (recovered by its key, killed) and the one used
+
+
+def test_positive_control_without_the_recovery_the_late_sandbox_stays(fake, provider, monkeypatch):
+    from trl_sandbox_e2b.provider import E2BProvider
+
+    from trl_sandbox import InfraError
+
+    async def nothing(self, kwargs):
+        return None
+
+    monkeypatch.setattr(E2BProvider, "_recover", nothing)
+    p = provider(create_timeout_s=1)
+    fake.stall_next_creates(1, 3.0)
+    with pytest.raises(InfraError, match="timed out"):
+        run(closing(p, p.create(SandboxSpec(tags=TAGS))))
+    assert len(fake.live()) == 1  # made before the client gave up, and nobody killed it

@@ -5,9 +5,9 @@ What a caller can rely on:
 * ``create(spec)``: ``spec.tags`` become E2B metadata (so ``list``/``reap`` find them from any
   process), ``spec.env`` the sandbox's env vars, ``allow_internet_access = spec.network`` (off by
   default), and the server-side lifetime is ``spec.lifetime_s`` (E2B's ``timeout``; on its end the
-  sandbox is killed: ``lifecycle={"on_timeout": "kill"}``). A create carries an idempotency key;
-  one whose answer never came (cancelled by the pool's deadline) is found again by its tags and
-  killed by the pool's sweep. CPU and memory belong to the template (E2B's create has no such
+  sandbox is killed: ``lifecycle={"on_timeout": "kill"}``). A create carries an idempotency key:
+  one whose answer never came (``create_timeout_s``, or cancelled by the pool's deadline) is sent
+  again in the background with the same key, and the sandbox E2B made for it is killed. CPU and memory belong to the template (E2B's create has no such
   fields): ``spec.cpus``/``memory_mb`` are not applied, the launcher's rlimits are.
 * exec, files, reset and health: ``sandbox.py`` (every program through the lease launcher).
 * Errors: ``errors.py``. The SDK's own control-plane retries (``retries``, default 0 here) would
@@ -42,6 +42,13 @@ def _sdk() -> Any:
     except ImportError as exc:  # the distribution depends on it: a broken install
         raise ConfigError(f"the e2b sandbox provider needs the e2b SDK: pip install trl-sandbox-e2b ({exc})") from None
     return e2b
+
+
+def _timed_out(exc: BaseException) -> bool:
+    """A request that got no answer in time (the server may have acted on it)."""
+    import httpx
+
+    return isinstance(exc, (httpx.TimeoutException, TimeoutError))
 
 
 class E2BProvider(PreparesEnvironments):
@@ -120,6 +127,7 @@ class E2BProvider(PreparesEnvironments):
             max_concurrency=number("e2b", "max_concurrency", max_concurrency, int, 1), fast_python=False,
         )
         self._client: Any = None
+        self._cleanups: set[asyncio.Task] = set()
 
     def work_dir_for(self, sandbox_id: str) -> str:
         return self.work_dir.replace("{id}", sandbox_id)
@@ -161,7 +169,14 @@ class E2BProvider(PreparesEnvironments):
             kwargs["template"] = template
         try:
             sdk_sandbox = await self.sdk.create(**kwargs)
+        except asyncio.CancelledError:  # the pool gave up on it: E2B may have made it all the same
+            self._cleanup_later(self._recover(kwargs))
+            raise
         except Exception as exc:
+            if _timed_out(exc):
+                self._cleanup_later(self._recover(kwargs))
+                raise InfraError(f"E2B: creating a sandbox timed out after {self.create_timeout_s:g} s "
+                                 "(any sandbox it made is being killed)") from exc
             if errors.status_of(exc) == 404 and "template" in str(exc).lower():
                 if self.from_environment(spec):  # one of our snapshots: its key goes back to the cold path
                     if self._environments is not None:
@@ -180,10 +195,23 @@ class E2BProvider(PreparesEnvironments):
 
     def _kill_later(self, sandbox_id: str) -> None:
         """Kill in the background (safe from a cancelled create); the pool's sweep by tags also finds it."""
-        task = asyncio.get_running_loop().create_task(self._destroy_quietly(sandbox_id))
-        self._cleanups = getattr(self, "_cleanups", set())
+        self._cleanup_later(self._destroy_quietly(sandbox_id))
+
+    def _cleanup_later(self, work: Any) -> None:
+        task = asyncio.get_running_loop().create_task(work)
         self._cleanups.add(task)
         task.add_done_callback(self._cleanups.discard)
+
+    async def _recover(self, kwargs: dict[str, Any]) -> None:
+        """A create whose answer never came: the same request again, with the same idempotency
+        key, gives back the sandbox E2B made for it (or makes one), which is then killed."""
+        try:
+            sdk_sandbox = await self.sdk.create(**{**kwargs, "request_timeout": 30.0})
+        except Exception as exc:
+            log.warning("could not recover a timed-out E2B create (its sandbox, if any, ends with its lifetime "
+                        "or the next sweep by tags): %r", exc)
+            return
+        await self._destroy_quietly(sdk_sandbox.sandbox_id)
 
     async def _destroy_quietly(self, sandbox_id: str) -> None:
         try:
@@ -222,6 +250,6 @@ class E2BProvider(PreparesEnvironments):
         if self._environments is not None:
             self._environments.close()
         loop = asyncio.get_running_loop()
-        mine = [task for task in getattr(self, "_cleanups", set()) if task.get_loop() is loop]
+        mine = [task for task in self._cleanups if task.get_loop() is loop]
         if mine:
             await asyncio.gather(*mine, return_exceptions=True)

@@ -165,12 +165,10 @@ class E2BSandbox:
                                        stdin_b64=heredoc is not None, network=self.network,
                                        cap=self.limits.output_bytes)
             reset, lease.reset_due = lease.reset_due, False
-            program = shlex.join(launcher)
+            command = command_text(shlex.join(launcher), env or {}, heredoc, stdin_path)
         else:
-            program = shlex.join(argv)
-            cwd_path = self._path(cwd) if cwd else self.work_dir
-            program = f"cd -- {shlex.quote(cwd_path)} && exec {program}"
-        command = command_text(program, env or {}, heredoc, stdin_path, launcher=tag is not None)
+            command = command_text(shlex.join(argv), env or {}, heredoc, stdin_path,
+                                   cwd=self._path(cwd) if cwd else self.work_dir)
         import trl_sandbox_e2b.sandbox as here  # the module's current margin (tests shorten it)
 
         budget = max(1, math.ceil(timeout)) + (here.CLEANING_MARGIN_S if tag is not None else 0)
@@ -291,23 +289,23 @@ class E2BSandbox:
 
 
 def command_text(program: str, env: Mapping[str, str], heredoc: str | None, stdin_path: str | None,
-                 launcher: bool = True) -> str:
-    """The text envd's login shell runs: ``env`` set after ``/etc/profile``, stdin attached, and the
-    program ``exec``ed (no shell stays between envd and the launcher)."""
-    if env:
-        pairs = []
-        for key, value in env.items():
-            if not key or "=" in key or "\0" in key or "\0" in str(value):
-                raise ValueError(f"invalid environment variable {key!r}")
-            pairs.append(f"{key}={value}")
-        program = f"exec env -- {shlex.join(pairs)} {program}" if not program.startswith("cd -- ") else \
-            program.replace(" && exec ", f" && exec env -- {shlex.join(pairs)} ", 1)
-    elif not program.startswith("cd -- "):
-        program = f"exec {program}"
+                 cwd: str | None = None) -> str:
+    """The text envd's login shell runs: ``env`` set after ``/etc/profile`` (with ``env --``, so
+    any name works), stdin attached, and the program ``exec``ed: no shell stays between envd and
+    the program. ``program`` is already shell-quoted; ``cwd`` only without the launcher (which
+    enters the program's directory itself)."""
+    pairs = []
+    for key, value in env.items():
+        if not key or "=" in key or "\0" in key or "\0" in str(value):
+            raise ValueError(f"invalid environment variable {key!r}")
+        pairs.append(f"{key}={value}")
+    text = f"exec env -- {shlex.join(pairs)} {program}" if pairs else f"exec {program}"
+    if cwd is not None:
+        text = f"cd -- {shlex.quote(cwd)} && {text}"
     if heredoc is not None:
         delimiter = f"TRL_STDIN_{secrets.token_hex(8)}"  # never in base64 text (no underscore there)
-        return f"{program} <<'{delimiter}'\n{heredoc.rstrip(chr(10))}\n{delimiter}\n"
+        return f"{text} <<'{delimiter}'\n{heredoc.rstrip(chr(10))}\n{delimiter}\n"
     if stdin_path is not None:
         src = shlex.quote(stdin_path)
-        return f"{{ rm -f -- {src}; {program}; }} <{src}"
-    return f"{program} </dev/null"
+        return f"{{ rm -f -- {src}; {text}; }} <{src}"
+    return f"{text} </dev/null"

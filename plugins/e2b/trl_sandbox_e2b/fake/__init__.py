@@ -15,7 +15,8 @@ answers the next requests of a route (``create``, ``list``, ``get``, ``kill``, `
 connection; ``vanish(id)`` kills a sandbox behind the client's back; ``chaos(seed, transient,
 vanish)`` turns on seeded random faults on creates and execs (503, 502, 429 or a dropped
 connection with probability ``transient``; a vanished sandbox with ``vanish``); ``latency``
-(route -> seconds) delays answers; ``max_sandboxes`` caps the running ones (429 past it, as a plan's
+(route -> seconds) delays answers; ``stall_next_creates(n, seconds)`` makes sandboxes whose create
+answers late; ``max_sandboxes`` caps the running ones (429 past it, as a plan's
 concurrency limit). ``created_metadata`` records the metadata of every sandbox ever created.
 ``snapshot_store`` holds the snapshots (``snapshots.py``), with its own faults.
 """
@@ -85,6 +86,7 @@ class FakeE2B:
         self.create_requests: list[dict] = []
         self.latency: dict[str, float] = {}
         self.max_sandboxes: int | None = None
+        self.stalls: list[float] = []
         self.spawned: list = []
         self.connections: list = []
         self.lock = threading.RLock()
@@ -152,6 +154,11 @@ class FakeE2B:
                         self.faults[route].remove(fault)
                     return fault
         return None
+
+    def stall_next_creates(self, n: int = 1, seconds: float = 5.0) -> None:
+        """The next ``n`` creates make their sandbox at once but answer ``seconds`` late."""
+        with self.lock:
+            self.stalls.extend([seconds] * n)
 
     def chaos(self, seed: int | None, transient: float = 0.2, vanish: float = 0.05) -> None:
         with self.lock:

@@ -104,9 +104,12 @@ def _create(handler: Any, request: dict) -> None:
         return handler.error(429, f"You have reached the maximum number of concurrent E2B sandboxes "
                                   f"({fake.max_sandboxes})")
     sandbox = fake.make_sandbox(template, request, snap.data if snap is not None else None)
-    if key:
-        with fake.lock:
+    with fake.lock:
+        if key:
             fake.idempotent[key] = sandbox.id
+        stall, fake.stalls = (fake.stalls[0], fake.stalls[1:]) if fake.stalls else (0.0, fake.stalls)
+    if stall:  # made, but the answer comes late (a slow placement, a proxy that holds it)
+        time.sleep(stall)
     handler.send(201, dto(sandbox))
 
 
