@@ -105,6 +105,14 @@ def test_network_on_is_passed_on(fake, provider):
     assert fake.create_requests[-1]["allow_internet_access"] is True
 
 
+def test_the_lifetime_is_capped_by_the_plans_maximum(fake, provider):
+    run(closing(provider(), provider().create(SandboxSpec())))  # 6 h asked, Hobby's 1 h given
+    p = provider(max_lifetime_s="600")
+    run(closing(p, p.create(SandboxSpec(lifetime_s=1000))))
+    assert [r["timeout"] for r in fake.create_requests] == [3600, 600]
+    assert p.lifetime_cap_s == 600  # the pool rotates members before it
+
+
 def test_the_lifetime_ends_the_sandbox_and_everything_in_it(fake, provider):
     """Past its lifetime the service kills the sandbox: every route answers 502 "was not found",
     which is a vanished sandbox (``SandboxGoneError``), and ``alive`` says False."""

@@ -4,7 +4,8 @@ What a caller can rely on:
 
 * ``create(spec)``: ``spec.tags`` become E2B metadata (so ``list``/``reap`` find them from any
   process), ``spec.env`` the sandbox's env vars, ``allow_internet_access = spec.network`` (off by
-  default), and the server-side lifetime is ``spec.lifetime_s`` (E2B's ``timeout``; on its end the
+  default), and the server-side lifetime is ``spec.lifetime_s`` capped by ``max_lifetime_s`` (E2B's
+  ``timeout``; on its end the
   sandbox is killed: ``lifecycle={"on_timeout": "kill"}``). A create carries an idempotency key:
   one whose answer never came (``create_timeout_s``, or cancelled by the pool's deadline) is sent
   again in the background with the same key, and the sandbox E2B made for it is killed. CPU and memory belong to the template (E2B's create has no such
@@ -69,6 +70,8 @@ class E2BProvider(PreparesEnvironments):
       directory), ``environment_cache_mb``, ``environment_layer_mb``, ``snapshot_timeout_s`` (600).
     * ``retries`` (the SDK's control-plane retries; 0), ``rate_limit_wait_s`` (the wait after a 429,
       which the SDK does not pass on; 1.0), ``request_timeout_s`` (30), ``create_timeout_s`` (60),
+      ``max_lifetime_s`` (3600: a sandbox's lifetime is ``spec.lifetime_s`` capped by it; Hobby's
+      limit is 1 h, Pro's 24 h),
       ``max_concurrency`` (None; E2B Hobby allows 20 running sandboxes, Pro 100).
     """
 
@@ -92,6 +95,7 @@ class E2BProvider(PreparesEnvironments):
         rate_limit_wait_s: float = 1.0,
         request_timeout_s: float = 30.0,
         create_timeout_s: float = 60.0,
+        max_lifetime_s: float = 3600.0,
         max_concurrency: int | None = None,
         environment_cache: str | None = None,
         environment_cache_mb: float = 20_000,
@@ -118,6 +122,9 @@ class E2BProvider(PreparesEnvironments):
         self.rate_limit_wait_s = number("e2b", "rate_limit_wait_s", rate_limit_wait_s, float, 0)
         self.request_timeout_s = number("e2b", "request_timeout_s", request_timeout_s, float, 0.1)
         self.create_timeout_s = number("e2b", "create_timeout_s", create_timeout_s, float, 1)
+        # The pool rotates a member before this ends (``pool/heal.py``), so a killed run's
+        # leftovers die within it; E2B's Hobby plan allows 1 h, Pro 24 h.
+        self.lifetime_cap_s = number("e2b", "max_lifetime_s", max_lifetime_s, float, 60)
         self.environment_cache = environment_cache or None
         self.environment_cache_mb = number("e2b", "environment_cache_mb", environment_cache_mb, float, 1)
         self.environment_layer_mb = number("e2b", "environment_layer_mb", environment_layer_mb, int, 1)
@@ -157,7 +164,7 @@ class E2BProvider(PreparesEnvironments):
     async def create(self, spec: SandboxSpec) -> E2BSandbox:
         template = self._template(spec)
         kwargs: dict[str, Any] = dict(
-            timeout=max(1, math.ceil(spec.lifetime_s)),
+            timeout=max(1, math.ceil(min(spec.lifetime_s, self.lifetime_cap_s))),
             metadata={str(k): str(v) for k, v in spec.tags.items()},
             envs={str(k): str(v) for k, v in spec.env.items()} or None,
             allow_internet_access=bool(spec.network),

@@ -169,9 +169,7 @@ class E2BSandbox:
         else:
             command = command_text(shlex.join(argv), env or {}, heredoc, stdin_path,
                                    cwd=self._path(cwd) if cwd else self.work_dir)
-        import trl_sandbox_e2b.sandbox as here  # the module's current margin (tests shorten it)
-
-        budget = max(1, math.ceil(timeout)) + (here.CLEANING_MARGIN_S if tag is not None else 0)
+        budget = max(1, math.ceil(timeout)) + (CLEANING_MARGIN_S if tag is not None else 0)
         started = time.monotonic()
         try:
             code, stdout, stderr = await self._run(command, budget, "exec")
