@@ -10,7 +10,12 @@ import pytest
 
 pytest.register_assert_rewrite("trl_sandbox.plugins.testing")
 
+
+import e2b_testing  # noqa: E402
+
 from trl_sandbox.plugins.testing.attack_suite import RemoteLeaseAttacks  # noqa: E402
+
+fake, outside, provider = e2b_testing.fake, e2b_testing.outside, e2b_testing.provider  # the fixtures this module uses
 
 
 @pytest.fixture

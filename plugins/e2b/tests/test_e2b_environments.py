@@ -3,11 +3,14 @@ against the fake service, whose sandboxes are containers and whose snapshots are
 
 from __future__ import annotations
 
+import e2b_testing
 import pytest
-from conftest import settings_for
+from e2b_testing import settings_for
 
 from trl_sandbox.plugins.testing import environments as kit
 from trl_sandbox.pool.sandbox_pool import SandboxPool
+
+fake = e2b_testing.fake  # the fixture this module uses
 
 
 @pytest.fixture

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import time
 
+import e2b_testing
 import pytest
-from conftest import TAGS
+from e2b_testing import TAGS
 
 from trl_sandbox import SandboxSpec
 from trl_sandbox.plugins import testing
 from trl_sandbox.plugins.testing import closing, run
+
+fake, outside, provider = e2b_testing.fake, e2b_testing.outside, e2b_testing.provider  # the fixtures this module uses
 
 # -- a pool on top ----------------------------------------------------------------------------------
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import e2b_testing
 import pytest
-from conftest import TAGS
+from e2b_testing import TAGS
 
 from trl_sandbox import (
     ConfigError,
@@ -16,6 +17,8 @@ from trl_sandbox import (
 )
 from trl_sandbox.plugins import make_provider, providers, testing
 from trl_sandbox.plugins.testing import closing, run
+
+fake, provider = e2b_testing.fake, e2b_testing.provider  # the fixtures this module uses
 
 CREDENTIAL_VARS = ("E2B_API_KEY", "E2B_ACCESS_TOKEN", "E2B_API_URL", "E2B_SANDBOX_URL", "E2B_DOMAIN")
 

@@ -12,14 +12,17 @@ import subprocess
 import sys
 import time
 
+import e2b_testing
 import pytest
-from conftest import settings_for
+from e2b_testing import settings_for
 
 from trl_sandbox.commands.cli import main
 from trl_sandbox.plugins import make_provider
 from trl_sandbox.plugins.testing import FAST
 from trl_sandbox.pool.sandbox_pool import SandboxPool
 from trl_sandbox.pool.tags import MADE_BY_TAG, PID_TAG
+
+fake = e2b_testing.fake  # the fixture this module uses
 
 
 def _args(fake, tmp_path) -> list[str]:

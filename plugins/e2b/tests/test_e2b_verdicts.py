@@ -6,12 +6,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from conftest import TAGS
+import e2b_testing
+from e2b_testing import TAGS
 
 from trl_sandbox import SandboxSpec
 from trl_sandbox.plugins.testing import FAST
 from trl_sandbox.pool.sandbox_pool import SandboxPool
 from trl_sandbox.scoring.scorer import Scorer
+
+fake, provider = e2b_testing.fake, e2b_testing.provider  # the fixtures this module uses
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -136,7 +136,14 @@ class ProcessService:
                     open_streams -= 1
                     continue
                 yield _event(data=ProcessEvent.DataEvent(output=Oneof(name, chunk)))
-            code = proc.popen.wait()
+            while True:  # both streams closed: the main process is ending (or closed them early)
+                try:
+                    code = proc.popen.wait(timeout=0.2)
+                    break
+                except subprocess.TimeoutExpired:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        proc.kill_group()
+                        raise ConnectError(Code.DEADLINE_EXCEEDED, "command deadline exceeded") from None
             if sandbox.gone:
                 raise ConnectError(Code.UNAVAILABLE, f"the connection to sandbox {sandbox.id} ended before "
                                    "the stream completed")

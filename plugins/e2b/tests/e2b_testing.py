@@ -1,5 +1,7 @@
-"""Fixtures: a fake E2B on loopback per test (``trl_sandbox_e2b.fake``), and providers pointed at it
-through their settings (never through the process environment, which other tests share)."""
+"""What the e2b plugin's tests share: a fake E2B on loopback per test (``trl_sandbox_e2b.fake``),
+providers pointed at it through their settings (never the process environment, which other tests
+share), and the tags they carry. Test modules import the fixtures they use from here: no
+``conftest.py``, whose module name other plugins' tests import in a whole-repository run."""
 
 from __future__ import annotations
 
@@ -14,15 +16,16 @@ from trl_sandbox.plugins import make_provider  # noqa: E402
 TAGS = {"trl-sandbox": "1", "trl-sandbox-run": "e2b-test"}
 
 
+def settings_for(fake: FakeE2B, tmp_path) -> dict[str, str]:
+    """Provider settings that point at ``fake``."""
+    return {"api_key": API_KEY, "api_url": fake.url, "sandbox_url": fake.url, "work_dir": f"{tmp_path}/{{id}}"}
+
+
 @pytest.fixture
 def fake():
     server = FakeE2B().start()
     yield server
     server.stop()
-
-
-def settings_for(fake: FakeE2B, tmp_path) -> dict[str, str]:
-    return {"api_key": API_KEY, "api_url": fake.url, "sandbox_url": fake.url, "work_dir": f"{tmp_path}/{{id}}"}
 
 
 @pytest.fixture
