@@ -66,10 +66,11 @@ def test_rejected_key_is_a_config_error(fake, provider):
         run(closing(p, p.create(SandboxSpec())))
 
 
-def test_unknown_template_is_a_config_error(provider):
+def test_unknown_template_is_a_one_line_config_error(provider):
     p = provider(template="no-such-template")
-    with pytest.raises(ConfigError, match="no-such-template.*template"):
+    with pytest.raises(ConfigError, match="no-such-template.*template") as caught:
         run(closing(p, p.create(SandboxSpec())))
+    assert "\n" not in str(caught.value)
 
 
 def test_bad_settings_are_config_errors(provider):
@@ -176,6 +177,10 @@ def test_error_mapping(fake, provider):
         found["create-400"] = await testing._raises(Exception, p.create(SandboxSpec()))
         fake.fail("exec", 0)  # the connection drops; the sandbox is still there
         found["drop"] = await testing._raises(Exception, sandbox.exec(["true"], timeout=5))
+        fake.fail("exec", 0)  # and the SDK's health probe fails too: unreachable, not confirmed dead
+        fake.fail("health", 0)
+        found["unreachable"] = await testing._raises(Exception, sandbox.exec(["true"], timeout=5))
+        found["after"] = await sandbox.exec(["echo", "fine"], timeout=5)  # it was alive all along
         fake.vanish(sandbox.id)
         found["vanished"] = await testing._raises(Exception, sandbox.exec(["true"], timeout=5))
         found["vanished-write"] = await testing._raises(Exception, sandbox.write_file("a", b"x"))
@@ -184,7 +189,8 @@ def test_error_mapping(fake, provider):
     found, alive = run(closing(p, go()))
     assert isinstance(found[429], RateLimitError) and found[429].retry_after == 1.0
     assert isinstance(found["create-429"], RateLimitError)
-    for key in (500, 503, 504, "create-503", "create-500", "drop"):
+    assert found["after"].stdout == "fine\n"
+    for key in (500, 503, 504, "create-503", "create-500", "drop", "unreachable"):
         assert type(found[key]) is InfraError, (key, found[key])
     assert isinstance(found["create-400"], QuotaError)
     assert type(found["vanished"]) is SandboxGoneError and type(found["vanished-write"]) is SandboxGoneError
