@@ -211,3 +211,19 @@ def test_the_sdk_retries_only_when_asked(fake, provider):
     p = provider(retries=2)
     run(closing(p, p.create(SandboxSpec())))
     assert fake.count("create") == 3
+
+
+def test_the_plans_concurrency_limit_is_a_rate_limit(fake, provider):
+    """Past the plan's running sandboxes (Hobby: 20) E2B answers 429: the pool waits, never scores it."""
+    fake.max_sandboxes = 1
+    p = provider()
+
+    async def go():
+        first = await p.create(SandboxSpec())
+        refused = await testing._raises(RateLimitError, p.create(SandboxSpec()))
+        await p.destroy(first.id)
+        second = await p.create(SandboxSpec())  # the slot is free again
+        return refused, second
+
+    refused, second = run(closing(p, go()))
+    assert "maximum number of concurrent" in str(refused) and second.id in fake.live()
