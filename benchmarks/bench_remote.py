@@ -261,7 +261,26 @@ def main() -> None:
     ap.add_argument("--launcher", type=int, default=0, metavar="N",
                     help="only the launcher's cost per program: N execs as built and N without issue 36's "
                          "namespaces and pipes, side by side (writes results/remote_launcher.json)")
+    ap.add_argument("--e2b", action="store_true",
+                    help="the e2b provider's rows instead: its pool and the bare e2b SDK on the plugin's fake "
+                         "(benchmarks/bench_remote_e2b.py; writes results/remote_e2b.json)")
     args = ap.parse_args()
+    if args.e2b:  # the e2b plugin's rows (benchmarks/bench_remote_e2b.py)
+        from bench_remote_e2b import e2b_rows
+
+        seeds = [None] * max(1, args.rounds) + [int(s) for s in args.seeds.split(",") if s]
+        rows = e2b_rows(args.completions, args.pool, seeds, RESULTS.with_name("remote_e2b.json"), machine())
+        print(f"| way | faults | reward-call latency (s) | scored / {args.completions} | exec requests | created "
+              "| left alive | warm-up (s) |")
+        print("|---|---|---|---|---|---|---|---|")
+        for r in rows[:-1] if rows and "ratios" in rows[-1] else rows:
+            faults = "none" if r["seed"] is None else f"20%+5% (seed {r['seed']})"
+            print(f"| {r['way']} | {faults} | {r['latency_s']:.2f} | {r['scored']} | {r['exec_requests']} "
+                  f"| {r['created']} | {r['left_alive']} | {r['warmup_s']:.2f} |")
+        if rows and "ratios" in rows[-1]:
+            print("e2b clean lease / bare round-robin one at a time (quiet rounds): "
+                  + ", ".join(f"{x:.2f}x" for x in rows[-1]["ratios"]))
+        return
     if args.launcher:
         cost = launcher_cost(args.launcher)
         print("| launcher | median ms per exec | mean ms per exec |")
