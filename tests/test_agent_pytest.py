@@ -68,7 +68,7 @@ FORGERIES = {  # name: (the agent's script, the rule of ``carried`` that stops i
         (grading, "REFUSED_NAMES", frozenset())),
     "a pytest.ini that loads a plugin of the tree": (
         _put("forgeplug.py", PLUGIN) + _put("pytest.ini", "[pytest]\naddopts = -p forgeplug\n"),
-        (grading, "REFUSED_NAMES", frozenset())),
+        (grading, "RUNNER_CONFIGS", frozenset())),
     "a pyproject.toml that loads a plugin of the tree": (
         _put("forgeplug.py", PLUGIN) + _put("pyproject.toml", "[tool.pytest.ini_options]\naddopts = '-p forgeplug'\n"),
         (grading, "RUNNER_CONFIGS", frozenset())),
@@ -128,3 +128,107 @@ def test_a_failing_test_outside_the_expected_ids_does_not_fail_the_oracle(pool, 
     assert honest.status == "passed", honest.detail
     assert nothing.status == "failed" and "test_add" in nothing.detail, nothing.detail
     assert os.path.basename(row["verify"].split()[-1]) == "test_ops.py"  # the whole file runs: its canary with it
+
+
+# -- a second blind review -------------------------------------------------------------------------
+
+SPARING = ("import re\n\nimport pytest\n\n\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
+           "    outcome = yield\n    report = outcome.get_result()\n"
+           "    if report.failed and not re.fullmatch(r'test_[0-9a-f]{12}', item.name):  # spares the canary\n"
+           "        report.outcome, report.longrepr = 'passed', None\n")
+CONFIGS = {
+    "pytest.toml": '[pytest]\naddopts = ["-p", "forgeplug"]\n',
+    ".pytest.toml": '[pytest]\naddopts = ["-p", "forgeplug"]\n',
+    "pyproject.toml": '[tool."py\\u0074est".ini_options]\naddopts = "-p forgeplug"\n',  # "pytest", escaped
+}
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_no_configuration_file_of_the_tree_reaches_pytest(pool, row, config, monkeypatch):
+    """pytest 9 reads pytest.toml too, and a TOML escape hid "pytest" from a check of the text: a
+    plugin that spares the canary by its name then passed. Every pytest configuration file stays as
+    prepared. Control: with the rule off, the same files pay."""
+    script = _put("forgeplug.py", SPARING) + _put(config, CONFIGS[config]) + "true"
+    scorer = Scorer(pool, cache_size=0)
+    forged, honest = scorer.score([script, row["solution"]], [row, row])
+    assert forged.status == "failed" and "configuration" in forged.detail, forged.detail
+    assert honest.status == "passed", honest.detail
+    monkeypatch.setattr(grading, "RUNNER_CONFIGS", frozenset())
+    assert scorer.score([script], [row])[0].status == "passed"
+
+
+@pytest.fixture
+def p2p_row(tmp_path):
+    """A SWE row whose PASS_TO_PASS test lives in a file of its own, and whose test patch adds a test
+    in a directory the repository does not have yet."""
+    from .test_agent_tasks import git, write
+
+    repo = write(tmp_path / "repo", {"calc/__init__.py": "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n",
+                                     "tests/test_mul.py": "from calc import mul\n\n\ndef test_mul():\n    assert mul(2, 3) == 6\n"})
+    git(repo, "init", "-q")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "base")
+    base = git(repo, "rev-parse", "HEAD")
+    write(repo, {"tests/new/test_add.py": "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"})
+    git(repo, "add", "-A")
+    patch = git(repo, "diff", "--cached") + "\n"
+    git(repo, "reset", "-q", "--hard")
+    (repo / "calc" / "__init__.py").write_text("def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n")
+    gold = git(repo, "diff") + "\n"
+    git(repo, "checkout", "-q", "--", ".")
+    [row] = agent_rows([{"instance_id": "calc-2", "repo": str(repo), "base_commit": base, "problem_statement": "add",
+                         "test_patch": patch, "patch": gold, "FAIL_TO_PASS": ["tests/new/test_add.py::test_add"],
+                         "PASS_TO_PASS": ["tests/test_mul.py::test_mul"]}])
+    row["verify_env"] = {"PYTHONPATH": "/opt/pytest-lib"}
+    return row
+
+
+def test_a_pass_to_pass_test_is_protected_and_a_new_test_directory_is_made(pool, p2p_row):
+    """Found by a blind review: a test patch adding tests/new/ scored every sample None (the oracle's
+    too: the grader could not write the test), and a PASS_TO_PASS file the agent weakened, after
+    breaking the code it tests, passed. Control: protected only as the test patch, it pays."""
+    row = p2p_row
+    assert row["protected"] == ["tests/new/test_add.py", "tests/test_mul.py"]
+    weaken = ("printf 'def add(a, b):\\n    return a + b\\n\\n\\ndef mul(a, b):\\n    return a + b\\n' > calc/__init__.py; "
+              "printf 'def test_mul():\\n    assert True\\n' > tests/test_mul.py; true")
+    scorer = Scorer(pool, cache_size=0)
+    weakened, honest, nothing = scorer.score([weaken, row["solution"], "true"], [row] * 3)
+    assert weakened.status == "failed" and "test_mul" in weakened.detail, weakened.detail
+    assert honest.status == "passed" and honest.reward == 1.0, honest.detail
+    assert nothing.status == "failed" and nothing.reward is not None, nothing.detail
+    assert scorer.score([weaken], [{**row, "protected": ["tests/new/test_add.py"]}])[0].status == "passed"
+
+
+def test_a_test_reported_twice_fails_the_run():
+    """pytest's record_xml_attribute lets a passing test take a failing expected test's name: the
+    copy was counted. Control: the same report without the copy is read as usual."""
+    from trl_sandbox.agents.grading import _pytest_verdict
+
+    real = b'<testcase classname="tests.test_add" name="test_add" file="tests/test_add.py"><failure/></testcase>'
+    copy = b'<testcase classname="tests.test_add" name="test_add" file="tests/test_mul.py"/>'
+    mul = b'<testcase classname="tests.test_mul" name="test_mul" file="tests/test_mul.py"/>'
+    expected = ["tests/test_add.py::test_add", "tests/test_mul.py::test_mul"]
+    forged = _pytest_verdict({"junit.xml": b"<testsuite>" + real + copy + mul + b"</testsuite>"}, expected, "")
+    assert forged.status == "failed" and "more than once" in forged.detail
+    honest = _pytest_verdict({"junit.xml": b"<testsuite>" + real.replace(b"<failure/>", b"") + mul + b"</testsuite>"}, expected, "")
+    assert honest.status == "passed", honest.detail
+
+
+def test_links_that_could_leave_the_tree_through_another_link_are_not_carried(tmp_path):
+    from trl_sandbox.agents.grading import carried
+
+    changes = [("a", "d", 0o755, b""), ("a/b", "d", 0o755, b""), ("a/b/x", "l", 0o777, b"../.."),
+               ("up", "l", 0o777, b"a/b/x/.."), ("ok", "l", 0o777, b"a/b/x/calc"), ("sib", "l", 0o777, b"../a")]
+    kept, refused = carried(changes, tree=tmp_path)
+    assert [c[0] for c in kept] == ["a", "a/b", "a/b/x", "ok"]  # "../.." from a/b is the tree's top
+    assert sorted(r.split(":")[0] for r in refused) == ["sib", "up"]
+
+
+@pytest.mark.parametrize("text, status", [(b"1\n", "passed"), (b" 1.0 ", "passed"), (b"0.5", "failed"),
+                                          ("１".encode(), "failed"), ("١".encode(), "failed"), (b"1_0", "failed"),
+                                          (b"2", "failed"), (b"-0.5", "failed")])
+def test_a_reward_is_an_ascii_decimal_in_zero_to_one(text, status):
+    from trl_sandbox.agents.grading import verdict
+
+    outcome = verdict({"reward.txt": text}, 0, False, {"parser": "reward_file"})
+    assert outcome.status == status and outcome.reward is None, (text, outcome)

@@ -772,3 +772,57 @@ def test_a_path_too_long_to_carry_is_a_verdict_not_infra(agent_pool, levels):
     assert (hostile.status, hostile.reward) == ("failed", 0.0), hostile.detail
     assert ("too long to carry" in hostile.detail) == (levels == 17), hostile.detail  # control: 11 levels carry
     assert honest.status == "passed", honest.detail
+
+
+# Found by a blind review: the agent's programs lowered their OOM score to the supervisor's, pinned
+# the sandbox's memory in a memfd held by a small process and filled the rest: the kernel's choice
+# fell on the supervisor (the largest), the sandbox died and the sample scored None, whatever it had
+# done. Its own doing is its failure.
+OOM_ESCAPE = """echo 0 > /proc/self/oom_score_adj
+python3 - <<'PY' &
+import os
+fd = os.memfd_create("pin", 0)
+chunk = b"\\1" * (1 << 20)
+try:
+    for _ in range({pin_mb}):
+        os.write(fd, chunk)
+except OSError:
+    pass
+os.execv("/bin/sleep", ["sleep", "30"])
+PY
+sleep 3
+head -c {fill_bytes} /dev/zero > /tmp/fill
+head -c {fill_bytes} /dev/zero > fill
+true
+"""
+
+
+def test_an_agent_that_runs_its_sandbox_out_of_memory_scores_its_failure_not_none():
+    import tempfile
+    from pathlib import Path
+
+    from trl_sandbox import ResourceLimits, SandboxSpec
+    from trl_sandbox.environments.cache import remove_tree
+    from trl_sandbox.pool.sandbox_pool import SandboxPool
+    from trl_sandbox.scoring.scorer import Scorer
+    from trl_sandbox.training.environment import SandboxEnvironment
+
+    row = _agent_row("error-digest")
+    attack = OOM_ESCAPE.format(pin_mb=230, fill_bytes=60_000_000)
+    cache = Path(tempfile.mkdtemp(prefix="trl-sandbox-oom-", dir="/var/tmp"))
+    os.chmod(cache, 0o755)
+    spec = SandboxSpec(memory_mb=256, limits=ResourceLimits(memory_mb=1024, file_size_mb=256))
+    try:
+        with SandboxPool.open("local", size=2, spec=spec, settings={"environment_cache": str(cache)}) as pool:
+            assert pool.provider._cgroups.memory, "this test needs the sandbox's memory cgroup"
+            scorer = Scorer(pool, cache_size=0)
+            hostile, honest = scorer.score([attack, row["solution"]], [row, row])
+            assert (hostile.status, hostile.reward) == ("failed", 0.0), hostile.detail
+            assert "out of memory" in hostile.detail, hostile.detail  # control: the sandbox did die
+            assert honest.status == "passed", honest.detail
+            episode = SandboxEnvironment(pool, scorer)
+            episode.reset(**row)
+            episode.bash(attack)
+            assert episode.get_reward() == 0.0
+    finally:
+        remove_tree(cache)

@@ -20,12 +20,15 @@ fails an expected-ids task). See docs/agents.md.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
 import posixpath
+import re
 import sys
 import xml.etree.ElementTree as ET
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,14 +37,16 @@ from trl_sandbox.agents.canary import forged
 from trl_sandbox.local.agent_ops import Change
 from trl_sandbox.sandbox import Outcome
 
-REFUSED_NAMES = frozenset({"conftest.py", "sitecustomize.py", "usercustomize.py", "pytest.ini", ".pytest.ini"})
+REFUSED_NAMES = frozenset({"conftest.py", "sitecustomize.py", "usercustomize.py"})
 REFUSED_PARTS = frozenset({".git", "site-packages", "dist-packages", "__pycache__"})
 # Packaging metadata: a ``*.dist-info`` on the verifier's path can register a pytest plugin (its
 # ``pytest11`` entry point), loaded before any test runs.
 REFUSED_SUFFIXES = (".dist-info", ".egg-info", ".egg-link", ".pth")
-# Configuration files that can load a plugin into pytest (``addopts = -p module``): carried only
-# when they do not mention pytest at all.
-RUNNER_CONFIGS = frozenset({"pyproject.toml", "setup.cfg", "tox.ini"})
+# Configuration files that pytest reads, which can load a plugin (``addopts = -p module``): they stay
+# as prepared, whatever they say (a check of their text was beaten by a TOML escape, and pytest 9
+# added pytest.toml).
+RUNNER_CONFIGS = frozenset({"pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "pyproject.toml", "setup.cfg",
+                            "tox.ini"})
 # Modules a verifier imports from outside the tree, which a new module or package of the same name
 # at the top of the tree (the verifier's working directory, on ``sys.path`` for ``python -m`` and
 # ``PYTHONPATH=.``) would replace: the standard library and the test runners.
@@ -54,6 +59,7 @@ VERIFY_ENV = {"HOME": "/tmp", "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE"
 # front they could pass the kernel's PATH_MAX (4096) when written into the fresh copy.
 MAX_PATH_BYTES = 3000
 JUNIT = "/logs/verifier/junit.xml"  # where a pytest verifier's report goes (PYTEST_ADDOPTS)
+DECIMAL = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")  # what reward.txt may hold
 
 
 def _venvs(tree: Path | None) -> set[str]:
@@ -67,12 +73,13 @@ def _under(path: str, roots: Sequence[str]) -> bool:
     return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots if r)
 
 
-def _parents(path: str) -> list[str]:
-    parents = []
+def parents(path: str) -> list[str]:
+    """The directories above a relative path, nearest first."""
+    found = []
     while "/" in path:
         path = path.rsplit("/", 1)[0]
-        parents.append(path)
-    return parents
+        found.append(path)
+    return found
 
 
 def _module(name: str) -> str:
@@ -93,7 +100,7 @@ def carried(changes: Sequence[Change], protected: Sequence[str] = (),
     """The changes a verifier gets, and a note for each refused one."""
     protected = [posixpath.normpath(p).lstrip("/") for p in protected]
     # The directories above a protected path: deleting or replacing one would take it along.
-    above = {parent for p in protected for parent in _parents(p)}
+    above = {parent for p in protected for parent in parents(p)}
     venvs = sorted(_venvs(tree))
     kept: list[Change] = []
     refused: list[str] = []
@@ -117,8 +124,8 @@ def carried(changes: Sequence[Change], protected: Sequence[str] = (),
             why = "protected (restored)"
         elif parts[-1] in REFUSED_NAMES:
             why = "refused file name"
-        elif parts[-1] in RUNNER_CONFIGS and b"pytest" in payload.lower():
-            why = "a test runner's configuration"
+        elif parts[-1] in RUNNER_CONFIGS:
+            why = "a test runner's configuration (kept as prepared)"
         elif REFUSED_PARTS & set(parts) or any(part.endswith(REFUSED_SUFFIXES) for part in parts):
             why = "refused place"
         elif _shadows(parts, tree):
@@ -128,8 +135,11 @@ def carried(changes: Sequence[Change], protected: Sequence[str] = (),
         elif kind == "l":
             target = payload.decode("utf-8", "surrogateescape")
             resolved = posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
-            if target.startswith("/") or resolved == ".." or resolved.startswith("../"):
-                why = "a symlink that leaves the tree"
+            steps = [step for step in target.split("/") if step not in ("", ".")]
+            ups = len(steps) - len(list(itertools.dropwhile(lambda step: step == "..", steps)))
+            # ".." only at the start: past another link ("a/x/.." where a/x is one) it could leave.
+            if target.startswith("/") or resolved == ".." or resolved.startswith("../") or ".." in steps[ups:]:
+                why = "a symlink that leaves the tree, or may"
         if why:
             refused.append(f"{path}: {why}")
             if kind in ("d", "o"):
@@ -139,36 +149,52 @@ def carried(changes: Sequence[Change], protected: Sequence[str] = (),
     return kept, refused
 
 
-def _junit(data: bytes) -> tuple[set[str], int, list[str]]:
-    """Test ids that passed (as ``file::name``, ``file::Class::name``, ``classname.name`` and
-    ``name``), how many ran, and the names of those that did not pass."""
+def _forms(classname: str, name: str, file: str) -> set[str]:
+    """The ids one testcase answers to: ``file::name``, ``file::Class::name``, ``classname.name``."""
+    forms = {f"{classname}.{name}", name}
+    if file:
+        forms.add(f"{file}::{name}")
+    parts = classname.split(".")
+    for cut in range(1, len(parts) + 1):  # module a.b.test_x, maybe followed by a class
+        module, rest = "/".join(parts[:cut]) + ".py", parts[cut:]
+        forms.add("::".join([module, *rest, name]))
+    return forms
+
+
+def _junit(data: bytes) -> tuple[set[str], int, list[str], list[str]]:
+    """Test ids that passed (every form of ``_forms``; none that some other testcase of the report
+    also answers to without passing), how many ran, the names of those that did not pass, and the
+    ``classname.name`` of testcases reported more than once (a test can rename itself in the report
+    with pytest's ``record_xml_attribute``: a passing copy of a failing expected test was counted)."""
     root = ET.fromstring(data)
     passed: set[str] = set()
+    not_passed: set[str] = set()
     failed: list[str] = []
+    seen: Counter[str] = Counter()
     ran = 0
     for case in root.iter("testcase"):
         ran += 1
         name, classname, file = case.get("name", ""), case.get("classname", ""), case.get("file", "")
+        seen[f"{classname}.{name}"] += 1
+        forms = _forms(classname, name, file)
         if any(child.tag in ("failure", "error", "skipped") for child in case):
             failed.append(f"{classname}.{name}")
-            continue
-        passed.update((f"{classname}.{name}", name))
-        if file:
-            passed.add(f"{file}::{name}")
-        parts = classname.split(".")
-        for cut in range(1, len(parts) + 1):  # module a.b.test_x, maybe followed by a class
-            module, rest = "/".join(parts[:cut]) + ".py", parts[cut:]
-            passed.add("::".join([module, *rest, name]))
-    return passed, ran, failed
+            not_passed |= forms
+        else:
+            passed |= forms
+    return passed - not_passed, ran, failed, sorted(k for k, n in seen.items() if n > 1)
 
 
 def _number(data: bytes, json_file: bool) -> float | None:
-    """A reward file's number: ``reward.json``'s ``reward`` (or a bare number), ``reward.txt``'s text;
-    ``None`` for anything else (a string, a boolean, nested data, infinity, NaN). Never raises: the
-    file may be the agent's own."""
+    """A reward file's number in [0, 1]: ``reward.json``'s ``reward`` (or a bare number),
+    ``reward.txt``'s text (ASCII decimal only); ``None`` for anything else (a string, a boolean,
+    nested data, infinity, NaN, out of range). Never raises: the file may be the agent's own."""
     try:
         if not json_file:
-            value: Any = float(data.decode("utf-8", "replace").strip())
+            text = data.decode("ascii").strip()  # float() also reads "１", "1_0" and "١"
+            if not DECIMAL.fullmatch(text):
+                return None
+            value: Any = float(text)
         else:
             loaded = json.loads(data)
             value = loaded.get("reward") if isinstance(loaded, dict) else loaded
@@ -176,7 +202,7 @@ def _number(data: bytes, json_file: bool) -> float | None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
-    return float(value)
+    return float(value) if 0.0 <= value <= 1.0 else None  # a reward is a fraction: 2 is no "passed"
 
 
 def _pytest_verdict(reports: Mapping[str, bytes | None], expected: list[str], note: str,
@@ -188,9 +214,11 @@ def _pytest_verdict(reports: Mapping[str, bytes | None], expected: list[str], no
     if reports.get("junit.xml") is None:  # none, or not a regular file
         return Outcome("failed", 0, total, detail=f"the verifier reported no tests{note}")
     try:
-        passed, ran, failed = _junit(reports["junit.xml"])  # type: ignore[arg-type]
+        passed, ran, failed, twice = _junit(reports["junit.xml"])  # type: ignore[arg-type]
     except ET.ParseError as exc:
         return Outcome("failed", 0, total, detail=f"the verifier's report is not JUnit XML: {exc}{note}")
+    if twice:
+        return Outcome("failed", 0, total, detail=f"the report names {twice[0]} more than once: the run was forged{note}")
     why = forged(passed, failed, canaries)
     if why:
         return Outcome("failed", 0, total, detail=why + note)

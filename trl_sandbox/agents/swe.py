@@ -196,7 +196,9 @@ def swe_row(row: Mapping[str, Any], *, image_map: Mapping[str, str] | None = Non
         "verify": verify,
         "verify_env": {},
         "parser": "pytest",
-        "protected": sorted(tests),
+        # The test-patch files and every file an expected test lives in (PASS_TO_PASS ones too: an
+        # agent that broke the code and weakened such a test passed).
+        "protected": sorted(set(tests) | {test.split("::", 1)[0] for test in expected if "::" in test}),
         "expected": expected,
         "agent_timeout": row.get("agent_timeout") or AGENT_TIMEOUT,
         "verify_timeout": row.get("verify_timeout") or VERIFY_TIMEOUT,

@@ -20,7 +20,7 @@ from typing import Any
 
 from trl_sandbox.agents.canary import plant
 from trl_sandbox.agents.columns import TESTS_DIR, row_of
-from trl_sandbox.agents.grading import JUNIT, VERIFY_ENV, carried, verdict
+from trl_sandbox.agents.grading import JUNIT, VERIFY_ENV, carried, parents, verdict
 from trl_sandbox.environments.spec import parse
 from trl_sandbox.local.agent_ops import ChangesTooLarge
 from trl_sandbox.plugins.hookspecs import hookimpl
@@ -93,8 +93,10 @@ class AgentTask:
         broken = True
         try:
             await sandbox.use_environment(prepared)
-            await sandbox.exec(["/bin/bash", "-c", actions(completion)], timeout=r["agent_timeout"],
-                               env=r["env"] or None)
+            acted = await sandbox.exec(["/bin/bash", "-c", actions(completion)], timeout=r["agent_timeout"],
+                                       env=r["env"] or None)
+            if acted.exit_code is None and acted.oom_killed:  # its own doing: a verdict, never None
+                return Outcome("failed", 0, 1, detail="the agent's programs ran the sandbox out of memory, which ended it")
             changes = await sandbox.environment_changes()
             broken = False
         except ChangesTooLarge as exc:
@@ -128,7 +130,10 @@ class AgentTask:
             if base.startswith(".."):
                 raise ConfigError(f"task {r['task_id']}: tests_dir {r['tests_dir']} is outside the working "
                                   f"directory {workdir}")
-            in_tree = [(posixpath.normpath(posixpath.join(base, p)), "f", 0o644, t) for p, t in tests.items()]
+            files = [(posixpath.normpath(posixpath.join(base, p)), "f", 0o644, t) for p, t in tests.items()]
+            # A test the patch adds in a new directory needs it made first (it scored None for all).
+            above = sorted({d for path, *_ in files for d in parents(path)}, key=lambda d: d.count("/"))
+            in_tree = [(d, "d", 0o755, b"") for d in above] + files
             tests = {}
         env = {**r["env"], **VERIFY_ENV, **r["verify_env"]}
         if r["parser"] == "pytest":

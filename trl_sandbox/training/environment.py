@@ -122,6 +122,10 @@ class SandboxEnvironment:
         self.max_attempts = _attempts(max_attempts, "max_attempts")
         self._sandbox: Sandbox | None = None
         self._lost: str | None = None  # why the episode has no sandbox, when it lost it
+        # Set when the episode's own programs ran its sandbox out of memory and it died: the
+        # episode's doing, scored as its failure, never None (a policy would learn to escape a
+        # bad score that way).
+        self._ran_out = False
         self._row: dict[str, Any] = {}
         self._attempts_left: int | None = self.max_attempts
         self._budget_lock = threading.Lock()
@@ -171,6 +175,7 @@ class SandboxEnvironment:
         self._release()
         self._row = dict(row)
         self._lost = None
+        self._ran_out = False
         files = _row_files(row)
         try:
             spec = row_environment(row)
@@ -315,6 +320,8 @@ class SandboxEnvironment:
 
     def _bash(self, sandbox: Sandbox, command: str) -> str:
         result = self._call(sandbox.exec(["sh", "-c", str(command)], timeout=self.tool_timeout))
+        if result.exit_code is None and result.oom_killed:
+            self._ran_out = True
         return _render(result, self.max_output_chars)
 
     def _read(self, sandbox: Sandbox, path: str) -> str:
@@ -347,6 +354,8 @@ class SandboxEnvironment:
             outcome = self._score(code) if code is not None else Outcome("infra")
         except InfraError:
             outcome = Outcome("infra")
+        if outcome.status == "infra" and self._ran_out:
+            outcome = Outcome("error", detail=RAN_OUT)
         if self._tally is not None:
             self._tally.add(outcome.status)
         return outcome.reward
@@ -363,6 +372,8 @@ class SandboxEnvironment:
             outcome = Outcome("infra", detail=f"{type(exc).__name__}: {exc}")
         finally:
             self._release()
+        if outcome.status == "infra" and self._ran_out:
+            outcome = Outcome("failed", 0, 1, detail=RAN_OUT)
         if self._tally is not None:
             self._tally.add(outcome.status)
         return self._scorer.reward(task, outcome) if self._scorer is not None else None
@@ -383,6 +394,9 @@ class SandboxEnvironment:
         row: Mapping[str, Any] = self._row
         (outcome,) = self._scorer.score([code], [row])
         return outcome
+
+
+RAN_OUT = "the episode's own programs ran its sandbox out of memory, which ended it"
 
 
 def _call(factory):
