@@ -61,6 +61,9 @@ class ModalProvider(PreparesEnvironments):
     * ``max_throttle_wait`` (0): seconds Modal's client may sleep on throttles before raising
       (``MODAL_MAX_THROTTLE_WAIT``; left alone when already set). ``create_timeout_s`` (120),
       ``max_concurrency``.
+    * Prepared environments (``snapshots.py``): ``environment_cache``, ``environment_cache_mb``,
+      ``environment_layer_mb``, ``snapshot_timeout_s`` (600), ``snapshot_ttl_s`` (a week: how long
+      Modal keeps a snapshot image).
     """
 
     name = "modal"
@@ -87,6 +90,7 @@ class ModalProvider(PreparesEnvironments):
         environment_cache_mb: float = 20_000,
         environment_layer_mb: int = 1024,
         snapshot_timeout_s: float = 600.0,
+        snapshot_ttl_s: int = 7 * 24 * 3600,
     ) -> None:
         self._token = credentials(token_id, token_secret)
         if not work_dir.startswith("/") or posixpath.normpath(work_dir) == "/":
@@ -113,6 +117,7 @@ class ModalProvider(PreparesEnvironments):
         self.environment_cache_mb = number("modal", "environment_cache_mb", environment_cache_mb, float, 1)
         self.environment_layer_mb = number("modal", "environment_layer_mb", environment_layer_mb, int, 1)
         self.snapshot_timeout_s = number("modal", "snapshot_timeout_s", snapshot_timeout_s, float, 0.1)
+        self.snapshot_ttl_s = number("modal", "snapshot_ttl_s", snapshot_ttl_s, int, 60)
         self._client: Any = None
         self._app: Any = None
         self._images: dict[str, Any] = {}
@@ -148,6 +153,14 @@ class ModalProvider(PreparesEnvironments):
         except Exception as exc:
             raise translate(exc, "connecting") from exc
         return self._client
+
+    @property
+    def app(self) -> Any:
+        """The Modal app (after ``client()``)."""
+        return self._app
+
+    def forget_image(self, name: str) -> None:
+        self._images.pop(name, None)
 
     def _image(self, name: str | None) -> Any:
         import modal
@@ -186,10 +199,11 @@ class ModalProvider(PreparesEnvironments):
             raise InfraError(f"Modal: creating a sandbox took more than {self.create_timeout_s:g} s; the "
                              "pool's final sweep by tags removes it if Modal made it") from exc
         except Exception as exc:
-            if self.is_snapshot(spec.image) and is_gone(exc) and self._environments is not None \
-                    and self._environments.stale(spec.image):
-                raise InfraError(f"Modal: image {spec.image} is missing ({exc}); its environment is built "
-                                 "again at its next use") from exc
+            if self.is_snapshot(spec.image) and is_gone(exc):  # one of our snapshot images: never a setting
+                self.forget_image(spec.image)
+                again = self._environments is not None and self._environments.stale(spec.image)
+                raise InfraError(f"Modal: image {spec.image} is missing ({exc})"
+                                 + ("; its environment is built again at its next use" if again else "")) from exc
             raise translate(exc, "create") from exc
         self._owned[sdk_sandbox.object_id] = sdk_sandbox
         sandbox = ModalSandbox(self, sdk_sandbox, spec)

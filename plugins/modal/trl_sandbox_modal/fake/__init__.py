@@ -146,6 +146,17 @@ class FakeModal:
         sandbox = self.state.sandboxes[sandbox_id]
         self._run(self.state.end, sandbox, 3, True)
 
+    def snapshot_fault(self, kind: str, times: int = 1) -> None:
+        """Spoil the next snapshot: ``ghost``, ``pending`` or ``boot404`` (see ``router.py``)."""
+        assert kind in ("ghost", "pending", "boot404")
+        with self.state.lock:
+            self.state.snapshot_faults.extend([kind] * times)
+
+    def drop_snapshots(self) -> None:
+        """Every snapshot image vanishes behind the client's back."""
+        with self.state.lock:
+            self.state.snapshots.clear()
+
     # -- what happened ---------------------------------------------------------------------------
 
     def live(self) -> list[str]:
@@ -164,6 +175,11 @@ class FakeModal:
     def exec_argv(self) -> list[list[str]]:
         with self.state.lock:
             return list(self.state.exec_argv)
+
+    @property
+    def snapshots_made(self) -> int:
+        with self.state.lock:
+            return self.state.snapshots_made
 
     def count(self, rpc: str) -> int:
         with self.state.lock:

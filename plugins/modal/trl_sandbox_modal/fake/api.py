@@ -125,6 +125,7 @@ class _Api(ModalClientBase):
         with self.state.lock:
             snapshot = self.state.snapshots.get(image_id)
             known = image_id in self.state.images or snapshot is not None
+            known = known and image_id not in self.state.boot404
         if not known:
             raise GRPCError(Status.NOT_FOUND, f"Image {image_id} not found")
         loop = asyncio.get_running_loop()

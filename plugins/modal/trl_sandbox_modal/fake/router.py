@@ -9,7 +9,9 @@ detached lives on in the sandbox, as it would there). Output is kept whole and s
 offset (``TaskExecStdioRead`` streams until the pipe's end), stdin is written at its offset
 (duplicates from a retried write are dropped), ``TaskExecWait``/``TaskExecPoll`` give the exit code
 or the signal. A task whose sandbox is gone answers NOT_FOUND, as Modal's router does.
-``TaskSnapshotFilesystem`` records the container's ``/var/tmp`` as a new image.
+``TaskSnapshotFilesystem`` records the container's ``/var/tmp`` as a new image (a test may spoil
+the next one: ``ghost`` is reported made but never there, ``pending`` never returns, ``boot404``
+exists but a create from it answers NOT_FOUND).
 """
 
 from __future__ import annotations
@@ -176,10 +178,20 @@ class _Router(TaskCommandRouterBase):
             return subprocess.run(container.argv(["tar", "-C", "/var/tmp", "-cf", "-", "."]), env=container.env,
                                   capture_output=True, check=True, timeout=120).stdout
 
+        with self.state.lock:
+            fault = self.state.snapshot_faults.pop(0) if self.state.snapshot_faults else None
+        if fault == "pending":  # accepted, then never returns: the client's deadline ends the call
+            with self.state.lock:
+                self.state.snapshots_made += 1
+            await asyncio.sleep(3600)
         data = await asyncio.get_running_loop().run_in_executor(None, tar)
         image_id = f"im-snap{uuid.uuid4().hex[:12]}"
         with self.state.lock:
-            self.state.snapshots[image_id] = data
+            self.state.snapshots_made += 1
+            if fault != "ghost":  # a ghost: reported made, never there
+                self.state.snapshots[image_id] = data
+            if fault == "boot404":
+                self.state.boot404.add(image_id)
         await stream.send_message(sr.TaskSnapshotFilesystemResponse(image_id=image_id))
 
 

@@ -95,6 +95,9 @@ class State:
         self.apps: dict[str, str] = {}
         self.images: dict[str, list[str]] = {}
         self.snapshots: dict[str, bytes] = {}  # image id -> tarball of /var/tmp
+        self.boot404: set[str] = set()  # snapshot images a create answers NOT_FOUND for
+        self.snapshot_faults: list[str] = []
+        self.snapshots_made = 0
         self.created_tags: list[dict[str, str]] = []
         self.calls: list[str] = []
         self.exec_argv: list[list[str]] = []
