@@ -13,7 +13,8 @@ Knobs (thread-safe, from the test's thread): ``fail(rpc, status, ...)`` answers 
 one RPC with a gRPC error (a throttle with ``retry_after`` carries Modal's retry policy);
 ``chaos(seed, transient, vanish)`` fails creates and exec starts at random (UNAVAILABLE, INTERNAL,
 RESOURCE_EXHAUSTED or a reset stream) and makes sandboxes vanish; ``vanish(id)`` deletes one behind
-the client's back (NOT_FOUND from then on). ``live()``, ``created_tags``, ``count(rpc)`` and
+the client's back (NOT_FOUND from then on); ``latency`` (RPC name -> seconds) delays answers like a
+real service's. ``live()``, ``created_tags``, ``count(rpc)`` and
 ``exec_argv`` show what happened.
 """
 
@@ -140,6 +141,14 @@ class FakeModal:
     def chaos(self, seed: int | None, transient: float = 0.2, vanish: float = 0.05) -> None:
         with self.state.lock:
             self.state.chaos = None if seed is None else (random.Random(seed), transient, vanish)
+
+    @property
+    def latency(self) -> dict[str, float]:
+        return self.state.latency
+
+    @latency.setter
+    def latency(self, value: dict[str, float]) -> None:
+        self.state.latency = dict(value)
 
     def vanish(self, sandbox_id: str) -> None:
         """The sandbox disappears: its processes die, and every later call about it is NOT_FOUND."""

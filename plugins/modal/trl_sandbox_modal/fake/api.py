@@ -52,6 +52,7 @@ class _Api(ModalClientBase):
         fault = self.state.take_fault(rpc, request)
         if fault is not None:
             raise grpc_error(fault.status, fault.message, fault.retry_after)
+        await self.state.delay(rpc)
         chaos = self.state.roll(rpc)
         if chaos == "drop":
             await stream.cancel()

@@ -42,6 +42,7 @@ class _Router(TaskCommandRouterBase):
         fault = self.state.take_fault(rpc, request)
         if fault is not None:
             raise grpc_error(fault.status, fault.message, fault.retry_after)
+        await self.state.delay(rpc)
         chaos = self.state.roll(rpc)
         if chaos == "drop":
             await stream.cancel()

@@ -104,6 +104,7 @@ class State:
         self.faults: dict[str, list[Fault]] = {}
         self.missing_images = missing_images
         self.chaos: tuple[random.Random, float, float] | None = None
+        self.latency: dict[str, float] = {}  # RPC name -> seconds added before it is served
         self.router_url = ""
         self.stopped = False
 
@@ -119,6 +120,12 @@ class State:
                         self.faults[rpc].remove(fault)
                     return fault
         return None
+
+    async def delay(self, rpc: str) -> None:
+        """A real service's latency for ``rpc`` (a create takes about a second, an exec tens of ms)."""
+        wait = self.latency.get(rpc)
+        if wait:
+            await asyncio.sleep(wait)
 
     def roll(self, rpc: str) -> str | None:
         """The chaos for one request: None, "vanish", or a transient fault's name."""
