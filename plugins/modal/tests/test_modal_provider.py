@@ -235,3 +235,20 @@ def test_scorer_end_to_end_on_the_sorting_task(fake, provider):
 
 def test_io_programs_end_to_end(fake, provider):
     testing.check_io_programs_end_to_end(provider, TAGS, live=fake.live)
+
+
+def test_create_abandoned_by_the_pool_deadline_is_swept_by_tags(fake, provider):
+    """A create slower than the pool's deadline still makes its sandbox on the service (Modal
+    cannot be told to stop); the pool's final sweep by tags removes it."""
+    from dataclasses import replace
+
+    from trl_sandbox.plugins.testing import FAST
+    from trl_sandbox.pool.sandbox_pool import SandboxPool
+
+    p = provider()
+    fake.stall("SandboxCreateV2", 2.5)
+    settings = replace(FAST, create_timeout_s=1.0)
+    with SandboxPool.open(p, size=1, spec=SandboxSpec(tags=TAGS), pool_settings=settings) as pool:
+        assert pool.run(["echo", "ok"], timeout=5).stdout == "ok\n"
+    assert len(fake.created_tags) >= 2  # the abandoned create made one too
+    assert fake.live() == []  # the final sweep by tags removed it

@@ -122,7 +122,7 @@ class ModalProvider(PreparesEnvironments):
         self._app: Any = None
         self._images: dict[str, Any] = {}
         self._owned: dict[str, Any] = {}
-        self._lock: asyncio.Lock | None = None
+        self._locks: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
         self._cleanups: set[asyncio.Task] = set()
 
     def work_dir_for(self, sandbox_id: str) -> str:
@@ -145,13 +145,17 @@ class ModalProvider(PreparesEnvironments):
             return self._client
         import modal
 
-        try:
-            if self._client is None:
-                self._client = await modal.Client.from_credentials.aio(*self._token)
-            self._app = await modal.App.lookup.aio(self.app_name, create_if_missing=True, client=self._client,
-                                                   environment_name=self.environment_name)
-        except Exception as exc:
-            raise translate(exc, "connecting") from exc
+        loop = asyncio.get_running_loop()
+        lock = self._locks.setdefault(loop, asyncio.Lock())  # the pool's first creates arrive together
+        async with lock:
+            try:
+                if self._client is None:
+                    self._client = await modal.Client.from_credentials.aio(*self._token)
+                if self._app is None:
+                    self._app = await modal.App.lookup.aio(self.app_name, create_if_missing=True, client=self._client,
+                                                           environment_name=self.environment_name)
+            except Exception as exc:
+                raise translate(exc, "connecting") from exc
         return self._client
 
     @property
@@ -205,7 +209,7 @@ class ModalProvider(PreparesEnvironments):
                 raise InfraError(f"Modal: image {spec.image} is missing ({exc})"
                                  + ("; its environment is built again at its next use" if again else "")) from exc
             raise translate(exc, "create") from exc
-        self._owned[sdk_sandbox.object_id] = sdk_sandbox
+        self._owned[sdk_sandbox.object_id] = (asyncio.get_running_loop(), sdk_sandbox)
         sandbox = ModalSandbox(self, sdk_sandbox, spec)
         try:
             await sandbox.prepare()
@@ -255,7 +259,7 @@ class ModalProvider(PreparesEnvironments):
         import modal
 
         client = await self.client()
-        sdk_sandbox = self._owned.pop(sandbox_id, None)
+        _, sdk_sandbox = self._owned.pop(sandbox_id, (None, None))
         try:
             if sdk_sandbox is None:
                 sdk_sandbox = await modal.Sandbox.from_id.aio(sandbox_id, client=client)
@@ -272,9 +276,12 @@ class ModalProvider(PreparesEnvironments):
         mine = [task for task in self._cleanups if task.get_loop() is loop]
         if mine:
             await asyncio.gather(*mine, return_exceptions=True)
-        for sdk_sandbox in list(self._owned.values()):
-            try:
-                await sdk_sandbox.detach.aio()
-            except Exception:  # detaching only frees the client's connection to the router
-                pass
-        self._owned.clear()
+        # This loop's sandboxes only: a prepared environment's pools share the provider on loops of their own.
+        for sandbox_id, (owner, sdk_sandbox) in list(self._owned.items()):
+            if owner is loop:
+                del self._owned[sandbox_id]
+                try:
+                    await sdk_sandbox.detach.aio()
+                except Exception:  # detaching only frees the client's connection to the router
+                    pass
+        self._locks.pop(loop, None)

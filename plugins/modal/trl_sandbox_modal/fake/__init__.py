@@ -14,7 +14,7 @@ one RPC with a gRPC error (a throttle with ``retry_after`` carries Modal's retry
 ``chaos(seed, transient, vanish)`` fails creates and exec starts at random (UNAVAILABLE, INTERNAL,
 RESOURCE_EXHAUSTED or a reset stream) and makes sandboxes vanish; ``vanish(id)`` deletes one behind
 the client's back (NOT_FOUND from then on); ``latency`` (RPC name -> seconds) delays answers like a
-real service's. ``live()``, ``created_tags``, ``count(rpc)`` and
+real service's, ``stall(rpc, seconds)`` only the next ones. ``live()``, ``created_tags``, ``count(rpc)`` and
 ``exec_argv`` show what happened.
 """
 
@@ -149,6 +149,11 @@ class FakeModal:
     @latency.setter
     def latency(self, value: dict[str, float]) -> None:
         self.state.latency = dict(value)
+
+    def stall(self, rpc: str, seconds: float, times: int = 1) -> None:
+        """Delay the next ``times`` requests of ``rpc`` by ``seconds`` (then served as usual)."""
+        with self.state.lock:
+            self.state.stalls.setdefault(rpc, []).extend([seconds] * times)
 
     def vanish(self, sandbox_id: str) -> None:
         """The sandbox disappears: its processes die, and every later call about it is NOT_FOUND."""

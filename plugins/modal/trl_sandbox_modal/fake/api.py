@@ -52,7 +52,8 @@ class _Api(ModalClientBase):
         fault = self.state.take_fault(rpc, request)
         if fault is not None:
             raise grpc_error(fault.status, fault.message, fault.retry_after)
-        await self.state.delay(rpc)
+        if rpc != "SandboxCreateV2":  # a create's latency is its making: see there
+            await self.state.delay(rpc)
         chaos = self.state.roll(rpc)
         if chaos == "drop":
             await stream.cancel()
@@ -121,6 +122,15 @@ class _Api(ModalClientBase):
 
     async def SandboxCreateV2(self, stream: Any) -> None:
         request = await self._request(stream, "SandboxCreateV2")
+        # Shielded: a client that gives up (its deadline cancels the call) does not stop the service
+        # from making the sandbox, as on a real service; the sweep by tags must find it.
+        sandbox = await asyncio.shield(self._make(request))
+        access = api_pb2.CommandRouterAccess(url=self.state.router_url, jwt=jwt())
+        await stream.send_message(api_pb2.SandboxCreateV2Response(
+            sandbox_id=sandbox.id, task_id=sandbox.task_id, command_router_access=access,
+            metadata=api_pb2.SandboxHandleMetadata(app_id=request.app_id)))
+
+    async def _make(self, request: Any) -> Sandbox:
         definition = request.definition
         image_id = definition.image_id
         with self.state.lock:
@@ -145,10 +155,9 @@ class _Api(ModalClientBase):
         if definition.timeout_secs:  # the server-side lifetime: the sandbox ends then, whatever runs
             sandbox.timer = loop.call_later(definition.timeout_secs, self.state.end, sandbox,
                                             _RESULT.GENERIC_STATUS_TIMEOUT)
-        access = api_pb2.CommandRouterAccess(url=self.state.router_url, jwt=jwt())
-        await stream.send_message(api_pb2.SandboxCreateV2Response(
-            sandbox_id=sandbox_id, task_id=task_id, command_router_access=access,
-            metadata=api_pb2.SandboxHandleMetadata(app_id=request.app_id)))
+        # Listed (by its tags) from now on; the answer comes after the boot, however long the client waits.
+        await self.state.delay("SandboxCreateV2")
+        return sandbox
 
     def _result(self, sandbox: Sandbox) -> Any:
         return _RESULT(status=sandbox.result) if sandbox.result else _RESULT()

@@ -105,6 +105,7 @@ class State:
         self.missing_images = missing_images
         self.chaos: tuple[random.Random, float, float] | None = None
         self.latency: dict[str, float] = {}  # RPC name -> seconds added before it is served
+        self.stalls: dict[str, list[float]] = {}  # RPC name -> extra seconds for its next requests
         self.router_url = ""
         self.stopped = False
 
@@ -123,7 +124,9 @@ class State:
 
     async def delay(self, rpc: str) -> None:
         """A real service's latency for ``rpc`` (a create takes about a second, an exec tens of ms)."""
-        wait = self.latency.get(rpc)
+        with self.lock:
+            stalls = self.stalls.get(rpc)
+            wait = self.latency.get(rpc, 0.0) + (stalls.pop(0) if stalls else 0.0)
         if wait:
             await asyncio.sleep(wait)
 
