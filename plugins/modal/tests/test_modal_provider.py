@@ -59,6 +59,15 @@ def test_missing_credentials_fail_when_the_trainer_is_built(monkeypatch, tmp_pat
         SandboxGRPOTrainer(model="never-loaded", args=args, train_dataset=load_tasks("builtin"))
 
 
+def test_a_missing_sdk_is_a_one_line_config_error(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "modal.config", None)  # as if the modal package were not installed
+    with pytest.raises(ConfigError, match="pip install trl-sandbox-modal") as caught:
+        make_provider("modal", {"token_id": "ak-x", "token_secret": "as-x"})
+    assert "\n" not in str(caught.value)
+
+
 def test_rejected_token_is_a_config_error(provider):
     p = provider(token_id="ak-wrong", token_secret="as-wrong")
     with pytest.raises(ConfigError, match="token was rejected.*MODAL_TOKEN_ID"):

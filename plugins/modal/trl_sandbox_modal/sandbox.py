@@ -180,8 +180,9 @@ class ModalSandbox:
                     lease.reset_due = True  # it may not have reached the sandbox: carry it again
                 raise translate(exc, "exec", self.id) from exc
         duration = time.monotonic() - started
-        # Modal's deadline passed: wait() says -1, or the worker's kill at the deadline came first.
-        if code == -1 or duration >= backstop:
+        # Modal's deadline passed: wait() says -1, or the worker's kill at the deadline came first
+        # (with the launcher nothing legitimate runs that long: it ends the program 10 s before).
+        if code == -1 or (duration >= backstop and (tag is not None or code == 128 + 9)):
             if tag is None:  # no launcher: Modal's deadline is the program's timeout
                 return ExecResult(exit_code=None, timed_out=True, duration_s=duration)
             raise SandboxGoneError(f"Modal: sandbox {self.id}: the lease launcher did not end the program by its "
