@@ -34,7 +34,7 @@ from modal._utils.grpc_utils import custom_detail_codec
 
 from .api import TOKEN_ID, TOKEN_SECRET, Api
 from .router import Router
-from .state import Fault, State
+from .state import Fault, State, kill_group
 
 __all__ = ["SDK_ATTEMPTS", "TOKEN_ID", "TOKEN_SECRET", "FakeModal"]
 
@@ -78,6 +78,8 @@ class FakeModal:
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(30)
+            if not self._thread.is_alive():
+                self._loop.close()
             for sandbox in list(self.state.sandboxes.values()):
                 sandbox.container.kill()
             try:
@@ -90,6 +92,12 @@ class FakeModal:
             self._server.close()
         for sandbox in list(self.state.sandboxes.values()):
             self.state.end(sandbox, 3)
+        # Reap every exec's process here, so that no transport outlives this loop.
+        for proc in self.state.procs:  # also those of sandboxes that vanished
+            kill_group(proc)
+        waits = [proc.wait() for proc in self.state.procs]
+        if waits:
+            await asyncio.wait_for(asyncio.gather(*waits, return_exceptions=True), 10)
         if self._server is not None:
             try:
                 await asyncio.wait_for(self._server.wait_closed(), 5)

@@ -85,6 +85,7 @@ class _Router(TaskCommandRouterBase):
             *sandbox.container.argv(argv, cwd), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, env=env, start_new_session=True)
         run = Exec(proc)
+        self.state.procs.append(proc)
         sandbox.execs[request.exec_id] = run
         if request.timeout_secs:
             run.timer = asyncio.get_running_loop().call_later(request.timeout_secs, kill_group, proc)

@@ -101,6 +101,7 @@ class State:
         self.created_tags: list[dict[str, str]] = []
         self.calls: list[str] = []
         self.exec_argv: list[list[str]] = []
+        self.procs: list[asyncio.subprocess.Process] = []  # every exec's process, reaped at stop
         self.faults: dict[str, list[Fault]] = {}
         self.missing_images = missing_images
         self.chaos: tuple[random.Random, float, float] | None = None
