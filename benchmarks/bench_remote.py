@@ -324,5 +324,145 @@ def main() -> None:
                                    "clean_over_round_robin_one_at_a_time": exclusive}, indent=2))
 
 
+# -- Modal (trl-sandbox-modal): the pool next to the bare ``modal`` SDK on the fake Modal ----------
+#
+#     .venv/bin/python benchmarks/bench_remote.py --modal [--completions 64] [--pool 16] [--seeds 1,2,3]
+#
+# The fake (``trl_sandbox_modal.fake``: the real SDK over gRPC on loopback, each sandbox a container of
+# its own) with the same injected latency (create 1 s, exec start 50 ms). Ways: the trl-sandbox pool
+# (clean leases), and the bare SDK as Modal's examples use it: ``pool`` sandboxes made up front
+# (``Sandbox.create("sleep", "infinity")``), each completion an ``exec`` with its streams read and its
+# ``wait``, round-robin with one program per sandbox at a time (like for like with a lease), and all at
+# once (several per sandbox, no reset). Writes ``benchmarks/results/remote_modal.json``.
+
+MODAL_LATENCY = {"SandboxCreateV2": 1.0, "TaskExecStart": 0.05}
+MODAL_WAYS = ["trl-sandbox pool", "bare: round-robin pool (one program per sandbox at a time)",
+              "bare: round-robin pool"]
+
+
+async def _modal_bare_round_robin(n: int, size: int, one_at_a_time: bool) -> dict:
+    import modal
+    from trl_sandbox_modal.fake import TOKEN_ID, TOKEN_SECRET
+
+    client = await modal.Client.from_credentials.aio(TOKEN_ID, TOKEN_SECRET)  # this round's fake
+    app = await modal.App.lookup.aio("bench", create_if_missing=True, client=client)
+    image = modal.Image.from_registry("python:3.12-slim")
+    t0 = time.perf_counter()
+    made = await asyncio.gather(*(modal.Sandbox.create.aio("sleep", "infinity", app=app, image=image, timeout=600,
+                                                           tags={"bench": "bare"}, client=client)
+                                  for _ in range(size)),
+                                return_exceptions=True)
+    sandboxes = [s for s in made if not isinstance(s, BaseException)]
+    warm = time.perf_counter() - t0
+    turns = [asyncio.Semaphore(1 if one_at_a_time else n) for _ in sandboxes]
+
+    async def one(i: int) -> bool:
+        try:
+            async with turns[i % len(sandboxes)]:
+                process = await sandboxes[i % len(sandboxes)].exec.aio(*program(i), timeout=10)
+                out, _ = await asyncio.gather(process.stdout.read.aio(), process.stderr.read.aio())
+                code = await process.wait.aio()
+            return correct(i, out, code)
+        except Exception:
+            return False
+
+    t1 = time.perf_counter()
+    results = await asyncio.gather(*(one(i) for i in range(n))) if sandboxes else []
+    latency = time.perf_counter() - t1
+    await asyncio.gather(*(s.terminate.aio() for s in sandboxes), return_exceptions=True)
+    return {"latency_s": latency, "warmup_s": warm, "scored": sum(results)}
+
+
+def _modal_pool(n: int, size: int, work: str) -> dict:
+    provider = make_provider("modal", {"work_dir": f"{work}/{{id}}"})
+    settings = PoolSettings(backoff_initial_s=0.05, backoff_max_s=0.5, lease_timeout_s=120.0, outage_s=120.0)
+    pool = SandboxPool(provider, size=size, settings=settings, made_by="benchmark")
+    t0 = time.perf_counter()
+    pool.start(wait=False)
+    deadline = time.monotonic() + 120
+    while pool.members < size and time.monotonic() < deadline:
+        time.sleep(0.01)
+    warm = time.perf_counter() - t0
+
+    async def batch() -> list:
+        return await asyncio.gather(*(pool.aexec(program(i), timeout=10) for i in range(n)), return_exceptions=True)
+
+    try:
+        t1 = time.perf_counter()
+        results = pool.loop.run(batch())
+        latency = time.perf_counter() - t1
+    finally:
+        pool.close()
+    scored = sum(1 for i, r in enumerate(results) if not isinstance(r, BaseException) and correct(i, r.stdout, r.exit_code))
+    return {"latency_s": latency, "warmup_s": warm, "scored": scored}
+
+
+def modal_measure(way: str, n: int, size: int, seed: int | None) -> dict:
+    import os
+
+    from trl_sandbox_modal.fake import FakeModal
+
+    fake = FakeModal().start()
+    saved = {k: os.environ.get(k) for k in [*fake.env(), "MODAL_MAX_THROTTLE_WAIT"]}
+    os.environ.update(fake.env())
+    fake.latency = MODAL_LATENCY
+    try:
+        fake.chaos(seed)
+        with tempfile.TemporaryDirectory() as work:
+            if way == "trl-sandbox pool":
+                row = _modal_pool(n, size, work)
+            else:
+                row = asyncio.run(_modal_bare_round_robin(n, size, one_at_a_time="one program" in way))
+        fake.chaos(None)
+        row.update(way=way, seed=seed, created=len(fake.created_tags), left_alive=len(fake.live()),
+                   exec_requests=fake.count("TaskExecStart"))
+    finally:
+        fake.stop()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    return row
+
+
+def modal_main(argv: list[str]) -> None:
+    """The Modal rows: each way once quiet per round and once per seed with faults, then a table."""
+    ap = argparse.ArgumentParser(prog="bench_remote.py --modal")
+    ap.add_argument("--modal", action="store_true")
+    ap.add_argument("--completions", type=int, default=64)
+    ap.add_argument("--pool", type=int, default=16)
+    ap.add_argument("--seeds", default="1,2,3")
+    ap.add_argument("--rounds", type=int, default=1)
+    args = ap.parse_args(argv)
+    seeds = [None] * max(1, args.rounds) + [int(s) for s in args.seeds.split(",") if s]
+    rows = []
+    for i, seed in enumerate(seeds):
+        for way in MODAL_WAYS if i % 2 == 0 else MODAL_WAYS[::-1]:
+            rows.append({**modal_measure(way, args.completions, args.pool, seed), "round": i})
+    print(f"| modal: way | faults | reward-call latency (s) | scored / {args.completions} | exec requests | created "
+          "| left alive | warm-up (s) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        faults = "none" if r["seed"] is None else f"20%+5% (seed {r['seed']})"
+        print(f"| {r['way']} | {faults} | {r['latency_s']:.2f} | {r['scored']} | {r['exec_requests']} | {r['created']} "
+              f"| {r['left_alive']} | {r['warmup_s']:.2f} |")
+    exclusive = paired_ratios(rows, len(seeds), "trl-sandbox pool",
+                              "bare: round-robin pool (one program per sandbox at a time)")
+    if exclusive:
+        print("modal: clean lease / bare round-robin one at a time (quiet rounds): "
+              + ", ".join(f"{r:.2f}x" for r in exclusive))
+    from importlib.metadata import version
+
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.with_name("remote_modal.json").write_text(json.dumps(
+        {"machine": {**machine(), "modal": version("modal")}, "latency": MODAL_LATENCY,
+         "completions": args.completions, "pool": args.pool, "rows": rows,
+         "clean_over_round_robin_one_at_a_time": exclusive}, indent=2))
+
+
 if __name__ == "__main__":
-    main()
+    if "--modal" in sys.argv[1:]:
+        modal_main(sys.argv[1:])
+    else:
+        main()
