@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="wall-clock seconds per program (default: 10): S seconds after it starts, the program "
                    "and every process it started are killed, whether they computed, slept or waited, and its "
                    "result has timed_out true. On the local provider the clock starts when the program "
-                   "starts in its sandbox; on a remote provider (daytona, coreweave) S is the service's own "
+                   "starts in its sandbox; on a remote provider (daytona, coreweave, e2b, modal) S is the service's own "
                    "exec deadline, also wall clock (Daytona rounds it up to whole seconds), measured by the "
                    "service and so including its start of the command; the wait for a free sandbox never "
                    "counts")

@@ -96,7 +96,7 @@ def task_sets() -> dict[str, Registration]:
 # suggest installing (a guess such as "trl-sandbox-<typo>" would invite a look-alike package).
 PUBLISHED = {
     "sandbox provider": {"daytona": "trl-sandbox-daytona", "coreweave": "trl-sandbox-coreweave",
-                         "aviato": "trl-sandbox-coreweave"},
+                         "aviato": "trl-sandbox-coreweave", "e2b": "trl-sandbox-e2b", "modal": "trl-sandbox-modal"},
     "task set": {"humaneval": "trl-sandbox-humaneval"},
 }
 
