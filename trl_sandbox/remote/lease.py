@@ -167,6 +167,19 @@ class Lease:
                         "leaves processes that live until the next exec's sweep")
         return lease
 
+    @classmethod
+    def adopt(cls, stdout: str, sandbox_id: str, provider: str, *, sweep: bool = False,
+              env_root: str | None = None) -> Lease | None:
+        """``from_probe``, as the provider's settings and the sandbox's origin want it: ``sweep``
+        isolation forced (the ``isolation=sweep`` setting), and the pristine tree of a prepared
+        environment's sandbox (``env_root``) kept by every wipe and hidden from programs."""
+        lease = cls.from_probe(stdout, sandbox_id, provider)
+        if lease is not None and sweep:
+            lease.isolation = "sweep"
+        if lease is not None and env_root:
+            lease.env_root = env_root
+        return lease
+
     def argv(self, argv: Sequence[str], *, work: str, cwd: str | None, limits: ResourceLimits | None,
              timeout: float | None = None, stdin_b64: bool = False,
              keep: Sequence[str] = (), network: bool = False, cap: int | None = None) -> tuple[list[str], str]:

@@ -210,11 +210,8 @@ class CoreWeaveSandbox:
                              f"{result.stderr or result.stdout!r}")
         self.tools = {line[5:] for line in result.stdout.splitlines() if line.startswith("tool=")}
         if clean:
-            self.lease = Lease.from_probe(result.stdout, self.id, "coreweave")
-            if self.lease is not None and self._provider.isolation == "sweep":
-                self.lease.isolation = "sweep"
-            if self.lease is not None and self.from_environment:  # its pristine tree: kept, hidden
-                self.lease.env_root = environment.ENV_ROOT
+            self.lease = Lease.adopt(result.stdout, self.id, "coreweave", sweep=self._provider.isolation == "sweep",
+                                     env_root=environment.ENV_ROOT if self.from_environment else None)
 
     def command(self, argv: list[str], timeout: float, env: Mapping[str, str] | None,
                 cwd: str | None = None) -> tuple[list[str], str | None]:

@@ -262,11 +262,8 @@ class DaytonaSandbox:
             raise InfraError(f"Daytona: sandbox {self.id}: could not create {self.work_dir}: {response.result!r}")
         self.prlimit = "prlimit=yes" in (response.result or "")
         if self._provider.clean_leases:
-            self.lease = Lease.from_probe(response.result or "", self.id, "daytona")
-            if self.lease is not None and self._provider.isolation == "sweep":
-                self.lease.isolation = "sweep"
-            if self.lease is not None and self.from_environment:  # its pristine tree: kept, hidden
-                self.lease.env_root = environment.ENV_ROOT
+            self.lease = Lease.adopt(response.result or "", self.id, "daytona", sweep=self._provider.isolation == "sweep",
+                                     env_root=environment.ENV_ROOT if self.from_environment else None)
 
     async def exec(
         self,

@@ -132,11 +132,8 @@ class E2BSandbox:
         if code != 0:
             raise InfraError(f"E2B: sandbox {self.id}: could not create {self.work_dir}: {out!r} {err!r}")
         if clean:
-            self.lease = Lease.from_probe(out, self.id, "e2b")
-            if self.lease is not None and self._provider.isolation == "sweep":
-                self.lease.isolation = "sweep"
-            if self.lease is not None and self.from_environment:  # its pristine tree: kept, hidden
-                self.lease.env_root = environment.ENV_ROOT
+            self.lease = Lease.adopt(out, self.id, "e2b", sweep=self._provider.isolation == "sweep",
+                                     env_root=environment.ENV_ROOT if self.from_environment else None)
 
     async def exec(self, argv: Sequence[str], *, stdin: bytes | str | None = None, timeout: float,
                    cwd: str | None = None, env: Mapping[str, str] | None = None) -> ExecResult:

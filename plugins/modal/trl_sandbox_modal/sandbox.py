@@ -137,11 +137,8 @@ class ModalSandbox:
         if code != 0:
             raise InfraError(f"Modal: sandbox {self.id}: could not create {self.work_dir}: {err.strip()!r}")
         if provider.clean_leases:
-            self.lease = Lease.from_probe(out, self.id, "modal")
-            if self.lease is not None and provider.isolation == "sweep":
-                self.lease.isolation = "sweep"
-            if self.lease is not None and self.from_environment:  # its pristine tree: kept, hidden
-                self.lease.env_root = environment.ENV_ROOT
+            self.lease = Lease.adopt(out, self.id, "modal", sweep=provider.isolation == "sweep",
+                                     env_root=environment.ENV_ROOT if self.from_environment else None)
 
     async def exec(self, argv: Sequence[str], *, stdin: bytes | str | None = None, timeout: float,
                    cwd: str | None = None, env: Mapping[str, str] | None = None) -> ExecResult:
