@@ -20,6 +20,7 @@ fails an expected-ids task). See docs/agents.md.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -62,11 +63,18 @@ JUNIT = "/logs/verifier/junit.xml"  # where a pytest verifier's report goes (PYT
 DECIMAL = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")  # what reward.txt may hold
 
 
-def _venvs(tree: Path | None) -> set[str]:
+def _venvs(tree: Path | None) -> frozenset[str]:
     """Relative paths of the virtual environments in the prepared tree (a ``pyvenv.cfg`` inside)."""
     if tree is None or not tree.is_dir():
-        return set()
-    return {str(p.parent.relative_to(tree)) for p in tree.glob("**/pyvenv.cfg") if p.is_file()}
+        return frozenset()
+    return _venvs_in(str(tree))
+
+
+@functools.lru_cache(maxsize=64)
+def _venvs_in(tree: str) -> frozenset[str]:
+    """Walked once per tree, not once per graded sample: a prepared tree is read-only and its path
+    (``<cache>/<content key>/tree``) names its content."""
+    return frozenset(str(p.parent.relative_to(tree)) for p in Path(tree).glob("**/pyvenv.cfg") if p.is_file())
 
 
 def _under(path: str, roots: Sequence[str]) -> bool:
