@@ -826,3 +826,62 @@ def test_an_agent_that_runs_its_sandbox_out_of_memory_scores_its_failure_not_non
             assert episode.get_reward() == 0.0
     finally:
         remove_tree(cache)
+
+
+# Found by a third blind review: SysV shared memory the agent's programs leave stays charged to the
+# sandbox's memory cgroup after they end (the OOM killer frees processes, not segments); reading a
+# large change set then needed the memory, the kernel killed the supervisor and the sample scored
+# None, right or wrong. A sandbox that dies of memory while it is graded is the agent's failure.
+SHM_FILL = """mkdir -p blob; for i in $(seq 1 {blob_mb}); do head -c 1000000 /dev/urandom > blob/$i; done
+cat > /tmp/shm.py <<'PY'
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+size = int(sys.argv[1]) << 20
+sid = libc.shmget(0, ctypes.c_size_t(size), 0o1600)
+addr = libc.shmat(sid, None, 0) if sid >= 0 else None
+if addr not in (None, ctypes.c_void_p(-1).value):
+    ctypes.memset(addr, 1, size)
+    libc.shmdt(ctypes.c_void_p(addr))
+PY
+for mb in 100 100 50 20 20 10 10 5 5 5 2 2 2 1 1 1 1; do python3 /tmp/shm.py $mb > /dev/null 2>&1; done
+true
+"""
+
+
+def test_memory_left_charged_by_the_agent_is_its_failure_when_grading_runs_out(monkeypatch):
+    import tempfile
+    from pathlib import Path
+
+    from trl_sandbox import ResourceLimits, SandboxSpec
+    from trl_sandbox.environments.cache import remove_tree
+    from trl_sandbox.pool.sandbox_pool import SandboxPool
+    from trl_sandbox.scoring.scorer import Scorer
+    from trl_sandbox.training.environment import SandboxEnvironment
+
+    row = _agent_row("fix-median")
+    attack = SHM_FILL.format(blob_mb=40)
+    spec = SandboxSpec(memory_mb=256, limits=ResourceLimits(memory_mb=1024, file_size_mb=256))
+    cache = Path(tempfile.mkdtemp(prefix="trl-sandbox-shm-", dir="/var/tmp"))
+    try:
+        os.chmod(cache, 0o755)
+        with SandboxPool.open("local", size=2, spec=spec, settings={"environment_cache": str(cache)}) as pool:
+            assert pool.provider._cgroups.memory, "this test needs the sandbox's memory cgroup"
+            scorer = Scorer(pool, cache_size=0)
+            hostile, honest, blob_only = scorer.score([attack, row["solution"], SHM_FILL.split("cat >")[0] + "true"],
+                                                      [row] * 3)
+            assert (hostile.status, hostile.reward) == ("failed", 0.0), hostile.detail
+            assert "out of memory" in hostile.detail, hostile.detail  # control: the sandbox did die
+            assert honest.status == "passed", honest.detail
+            assert blob_only.status == "failed" and "out of memory" not in blob_only.detail, blob_only.detail
+            episode = SandboxEnvironment(pool, scorer)
+            episode.reset(**row)
+            episode.bash(attack)
+            assert episode.get_reward() == 0.0
+            # Control: without the rule the same sample scores None (the supervisor died reading it).
+            from trl_sandbox.agents import task
+
+            monkeypatch.setattr(task, "_ran_out", lambda sandbox: False)
+            assert scorer.score([attack], [row])[0].status == "infra"
+    finally:
+        remove_tree(cache)

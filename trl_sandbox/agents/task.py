@@ -35,6 +35,15 @@ def actions(completion: str) -> str:
     return "\n".join(blocks) if blocks else completion
 
 
+RAN_OUT = "the agent's programs ran the sandbox out of memory, which ended it"
+
+
+def _ran_out(sandbox: Any) -> bool:
+    """Whether a sandbox that died during grading died of the memory the agent's programs left."""
+    check = getattr(sandbox, "ran_out_of_memory", None)
+    return bool(check is not None and check())
+
+
 def check_grades_agent_tasks(provider: Any, name: str = "the dataset") -> None:
     """A ``ConfigError`` unless ``provider`` can grade agent tasks out of the agent's reach (read a
     lease's changes, carry them into a fresh copy, bring the hidden tests): the local sandbox can."""
@@ -96,12 +105,16 @@ class AgentTask:
             acted = await sandbox.exec(["/bin/bash", "-c", actions(completion)], timeout=r["agent_timeout"],
                                        env=r["env"] or None)
             if acted.exit_code is None and acted.oom_killed:  # its own doing: a verdict, never None
-                return Outcome("failed", 0, 1, detail="the agent's programs ran the sandbox out of memory, which ended it")
+                return Outcome("failed", 0, 1, detail=RAN_OUT)
             changes = await sandbox.environment_changes()
             broken = False
         except ChangesTooLarge as exc:
             broken = False
             return Outcome("failed", 0, 1, detail=f"the agent's changes are too large: {exc}")
+        except InfraError:
+            if _ran_out(sandbox):
+                return Outcome("failed", 0, 1, detail=RAN_OUT)
+            raise
         finally:
             pool.checkin(sandbox, broken=broken)
         return await self.grade(pool, prepared, changes, r)
@@ -114,6 +127,10 @@ class AgentTask:
             changes = await sandbox.environment_changes()
         except ChangesTooLarge as exc:
             return Outcome("failed", 0, 1, detail=f"the agent's changes are too large: {exc}")
+        except InfraError:
+            if _ran_out(sandbox):
+                return Outcome("failed", 0, 1, detail=RAN_OUT)
+            raise
         return await self.grade(pool, prepared, changes, r)
 
     async def grade(self, pool: Any, prepared: Any, changes: list, r: Mapping[str, Any]) -> Outcome:
@@ -148,6 +165,8 @@ class AgentTask:
             reports = await sandbox.verifier_reports()
             broken = False
         except InfraError:
+            if _ran_out(sandbox):  # the agent's code, run by the tests, left the memory charged
+                return Outcome("failed", 0, 1, detail=RAN_OUT)
             raise
         except OSError as exc:  # the supervisor refused what the host sent: the sandbox is suspect
             raise InfraError(f"grading failed in sandbox {getattr(sandbox, 'id', '?')}: {exc}") from exc

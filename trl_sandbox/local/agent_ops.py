@@ -30,6 +30,13 @@ class AgentGrading:
 
     _simple: Callable[..., Awaitable[tuple[int, int, bytes]]]
     exec: Callable[..., Awaitable[Any]]
+    group: Any  # the sandbox's cgroup (``SandboxGroup``), or None
+
+    def ran_out_of_memory(self) -> bool:
+        """Whether the kernel's OOM killer struck in this sandbox's memory cgroup since it was last
+        asked (each exec asks): after the sandbox died during a grading request, the agent's own
+        doing (memory its programs left charged, SysV shared memory included), not infra."""
+        return self.group is not None and self.group.new_oom_kills()
 
     async def run_verifier(self, command: str, *, timeout: float, env: Mapping[str, str]) -> Any:
         """The verifier's command, every process it orphans killed at once by the supervisor (the
